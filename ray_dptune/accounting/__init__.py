@@ -1,0 +1,23 @@
+"""Privacy accounting for whole hyperparameter searches: pure math, no Ray, no torch.
+
+>>> from ray_dptune.accounting import RDPCurve, repeat_and_select
+>>> from ray_dptune.distributions import Poisson
+>>> base = RDPCurve.gaussian(noise_multiplier=5 ** 0.5)              # 0.1-zCDP
+>>> search = repeat_and_select(base, Poisson(mean=10))
+>>> search.epsilon(1e-6) < (10 * base).epsilon(1e-6)
+True
+"""
+
+from ray_dptune.accounting.generic import generic_repeat_and_select
+from ray_dptune.accounting.mechanisms import gaussian_profile, subsampled_gaussian_profile
+from ray_dptune.accounting.rdp import DEFAULT_ORDERS, RDPCurve
+from ray_dptune.accounting.selection import repeat_and_select
+
+__all__ = [
+    "DEFAULT_ORDERS",
+    "RDPCurve",
+    "generic_repeat_and_select",
+    "gaussian_profile",
+    "repeat_and_select",
+    "subsampled_gaussian_profile",
+]

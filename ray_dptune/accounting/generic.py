@@ -1,0 +1,114 @@
+"""P&S Lemma 7 (generic bound) evaluated numerically at its worst case.
+
+Papernot & Steinke (2022), Lemma 7: for any law of K with PGF f,
+
+    D_λ(A‖A') ≤ D_λ(Q‖Q') + 1/(λ-1) · log( f'(q)^λ f'(q')^(1-λ) ),
+
+where (q, q') are the probabilities that one [0, 1]-valued post-processing gives
+under Q and Q'. Knowing only the base RDP curve ε(·), every such pair satisfies
+D_α(Bern(q)‖Bern(q')) ≤ ε(α) and D_α(Bern(q')‖Bern(q)) ≤ ε(α) for all α (data
+processing; neighbouring is symmetric), so maximising over that set is a valid
+bound for every law — including those with no closed form.
+
+The maximum is certified, not sampled: f' is non-decreasing (a PGF has
+non-negative coefficients), and the smallest feasible q', b(q), is non-decreasing
+in q (each binary divergence grows as q moves away from q'). On a cell
+[q_i, q_{i+1}] the objective is therefore at most
+λ log f'(q_{i+1}) + (1-λ) log f'(b(q_i)), with b(q_i) replaced by a lower end of
+its bisection bracket. The max over cells bounds the true max from above.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.distributions import RunCountDistribution
+
+__all__ = ["generic_repeat_and_select"]
+
+_BISECTION_STEPS = 48
+_MAX_CONSTRAINT_ORDERS = 48  # fewer constraints = a larger feasible set = still a valid bound
+_CONSTRAINT_SLACK = 1e-9  # relative slack on ε(α): rounding may only enlarge the feasible set
+
+
+def _binary_renyi(alpha: np.ndarray, p: np.ndarray, p_prime: np.ndarray) -> np.ndarray:
+    """D_α(Bern(p)‖Bern(p')), broadcast over arrays, in log space."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_one = alpha * np.log(p) + (1.0 - alpha) * np.log(p_prime)
+        log_zero = alpha * np.log1p(-p) + (1.0 - alpha) * np.log1p(-p_prime)
+        # 0^α · x^(1-α) = 0 for α > 1, whatever x is.
+        log_one = np.where(p == 0.0, -np.inf, log_one)
+        log_zero = np.where(p == 1.0, -np.inf, log_zero)
+        return np.logaddexp(log_one, log_zero) / (alpha - 1.0)
+
+
+def _smallest_feasible_partner(q: np.ndarray, alphas: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """A lower bound on min{q' ≤ q : (q, q') satisfies every binary constraint}."""
+    a = alphas[:, None]
+    eps = bounds[:, None] * (1.0 + _CONSTRAINT_SLACK) + _CONSTRAINT_SLACK
+    lo = np.zeros_like(q)  # infeasible (or q = 0)
+    hi = q.copy()  # feasible: the divergence of a law from itself is 0
+    for _ in range(_BISECTION_STEPS):
+        mid = 0.5 * (lo + hi)
+        feasible = np.all(
+            (_binary_renyi(a, q[None, :], mid[None, :]) <= eps) & (_binary_renyi(a, mid[None, :], q[None, :]) <= eps),
+            axis=0,
+        )
+        hi = np.where(feasible, mid, hi)
+        lo = np.where(feasible, lo, mid)
+    return lo
+
+
+def _q_grid(distribution: RunCountDistribution, size: int) -> np.ndarray:
+    """Points of [0, 1] dense where q is near 0 or 1 and where log f' moves fastest."""
+    uniform = np.linspace(0.0, 1.0, size // 4)
+    ends = np.logspace(-14, -0.3, size // 4)
+    # Equal steps of log f' (inverted by bisection; log f' is non-decreasing).
+    top = float(distribution.log_pgf_derivative(1.0))
+    bottom = max(float(distribution.log_pgf_derivative(0.0)), top - 60.0)
+    targets = np.linspace(bottom, top, size // 2)
+    lo, hi = np.zeros_like(targets), np.ones_like(targets)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        below = distribution.log_pgf_derivative(mid) < targets
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+    return np.unique(np.concatenate([uniform, ends, 1.0 - ends, hi, [0.0, 1.0]]))
+
+
+def generic_repeat_and_select(
+    base: RDPCurve, distribution: RunCountDistribution, *, grid_size: int = 2048
+) -> RDPCurve:
+    """RDP of best-of-K from P&S Lemma 7 alone, maximised over all feasible (q, q').
+
+    Args:
+        base: RDP curve of one run (it is smoothed first).
+        distribution: law of K; only its ``log_pgf_derivative`` is used.
+        grid_size: about how many points of [0, 1] the certified maximum uses;
+            more points give a tighter (never a looser) bound, at linear cost.
+
+    Returns:
+        The curve on ``base.orders``; ``inf`` where the bound is infinite.
+    """
+    base = base.smoothed()
+    finite = np.isfinite(base.epsilons)
+    if not finite.any():
+        return RDPCurve(base.orders, np.full_like(base.epsilons, np.inf))
+    c_alpha, c_eps = base.orders[finite], base.epsilons[finite]
+    if c_alpha.size > _MAX_CONSTRAINT_ORDERS:
+        keep = np.unique(np.linspace(0, c_alpha.size - 1, _MAX_CONSTRAINT_ORDERS).round().astype(int))
+        c_alpha, c_eps = c_alpha[keep], c_eps[keep]
+
+    q = _q_grid(distribution, grid_size)
+    partner = _smallest_feasible_partner(q, c_alpha, c_eps)
+    log_fp_high = distribution.log_pgf_derivative(q[1:])  # f'(q_{i+1}) bounds f' on the cell
+    log_fp_partner = distribution.log_pgf_derivative(partner[:-1])  # b(q_i) bounds q' from below
+
+    lam = base.orders[:, None]
+    with np.errstate(invalid="ignore"):
+        cell = lam * log_fp_high[None, :] + (1.0 - lam) * log_fp_partner[None, :]
+    cell = np.where(np.isnan(cell), np.inf, cell)
+    worst = cell.max(axis=1)
+    epsilons = base.epsilons + worst / (base.orders - 1.0)
+    return RDPCurve(base.orders, np.maximum(epsilons, 0.0))

@@ -1,0 +1,160 @@
+"""RDP of "run the base mechanism K times, release only the best run".
+
+Bounds, each cited at its formula:
+
+* truncated negative binomial K: Papernot & Steinke (2022), arXiv:2110.03620v2,
+  Theorem 2, kept in the tighter form of the last equality of its proof (App. B.2);
+  with an adaptive sampling density in [c, C] × prior, DP-HyPO (Wang et al. 2023,
+  arXiv:2306.05734v2) Theorem 1, likewise from the last equality of its proof (App. A);
+* Poisson K: P&S Theorem 6;
+* any law: P&S Lemma 7, maximised numerically (:mod:`ray_dptune.accounting.generic`);
+* a fixed number k of runs: k-fold composition.
+
+All are valid, so :func:`repeat_and_select` returns their pointwise minimum, then
+applies monotonicity in the order (P&S Remark 5).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ray_dptune.accounting.generic import generic_repeat_and_select
+from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.distributions import PointMass, Poisson, RunCountDistribution, TruncatedNegativeBinomial
+from ray_dptune.errors import UnsupportedBoundError
+
+__all__ = ["repeat_and_select", "truncated_negative_binomial_bound", "poisson_bound"]
+
+
+def truncated_negative_binomial_bound(
+    base: RDPCurve, law: TruncatedNegativeBinomial, *, density_ratio: float = 1.0
+) -> RDPCurve:
+    """P&S Theorem 2 (C/c = 1) and DP-HyPO Theorem 1 (C/c > 1), λ̂ optimised.
+
+    With L = log(C/c), E = E[K] and any λ̂ ≥ 1 with (λ̂, ε̂)-RDP, the proofs end on
+
+        ε'(λ) = ε(λ) + λ/(λ-1)·L + log(E)/(λ-1)
+                + (1+η)(1-1/λ̂)ε̂ + (1+η)L + (1+η)/λ̂ · log(1/γ - 1 + e^{-(λ̂-1)ε̂ - λ̂L}),
+
+    which the theorems then relax by dropping -1 + e^{...} ≤ 0. The λ̂ terms do
+    not depend on λ, so they are minimised once over every order of the base
+    (and λ̂ = 1, allowed by P&S Theorem 2, footnote 4). The expression is
+    increasing in ε̂, so any upper bound ε̂ ≥ D_λ̂ is valid.
+    """
+    base = base.smoothed()
+    eta, gamma = law.eta, law.gamma
+    log_ratio = math.log(density_ratio)
+    log_odds = math.log1p(-gamma) - math.log(gamma)  # log(1/γ - 1)
+
+    lam_hat, eps_hat = base.orders, base.epsilons
+    finite = np.isfinite(eps_hat)
+    lam_hat, eps_hat = lam_hat[finite], eps_hat[finite]
+    if lam_hat.size == 0:
+        return RDPCurve(base.orders, np.full_like(base.epsilons, np.inf))
+    exponent = -(lam_hat - 1.0) * eps_hat - lam_hat * log_ratio
+    hat_terms = (1.0 + eta) * (
+        (1.0 - 1.0 / lam_hat) * eps_hat + log_ratio + np.logaddexp(log_odds, exponent) / lam_hat
+    )
+    # λ̂ = 1: the terms tend to (1+η)(L + log(1/γ - 1 + e^{-L})) as λ̂ → 1.
+    at_one = (1.0 + eta) * (log_ratio + np.logaddexp(log_odds, -log_ratio))
+    selection_cost = min(float(hat_terms.min()), float(at_one))
+
+    lam = base.orders
+    epsilons = (
+        base.epsilons + lam / (lam - 1.0) * log_ratio + math.log(law.mean) / (lam - 1.0) + selection_cost
+    )
+    return RDPCurve(lam, np.maximum(epsilons, 0.0)).smoothed()
+
+
+def poisson_bound(
+    base: RDPCurve, law: Poisson, *, base_delta: Callable[[np.ndarray], np.ndarray] | None = None
+) -> RDPCurve:
+    """P&S Theorem 6: ε'(λ) = ε(λ) + μδ̂ + log(μ)/(λ-1) for (ε̂, δ̂)-DP with e^ε̂ ≤ λ/(λ-1).
+
+    δ̂ is non-increasing in ε̂, so ε̂ takes the largest allowed value,
+    log(λ/(λ-1)). δ̂ there is the smaller of the base's exact profile
+    ``base_delta`` (when given) and the (ε, δ) conversion of the RDP curve
+    (Canonne, Kamath & Steinke 2020, Prop. 12): both are valid.
+    """
+    base = base.smoothed()
+    mu = law.mean
+    lam = base.orders
+    eps_hat = np.log1p(1.0 / (lam - 1.0))
+    delta_hat = base._deltas(eps_hat)
+    if base_delta is not None:
+        exact = np.asarray(base_delta(eps_hat), dtype=float)
+        if exact.shape != eps_hat.shape or np.any(np.isnan(exact)) or np.any(exact < 0):
+            raise ValueError(
+                "base_delta must map an array of ε to an array of δ >= 0 of the same shape "
+                f"(got shape {exact.shape} for input shape {eps_hat.shape})."
+            )
+        delta_hat = np.minimum(delta_hat, exact)
+    epsilons = base.epsilons + mu * delta_hat + math.log(mu) / (lam - 1.0)
+    return RDPCurve(lam, np.maximum(epsilons, 0.0)).smoothed()
+
+
+def repeat_and_select(
+    base: RDPCurve,
+    distribution: RunCountDistribution,
+    *,
+    density_ratio: float = 1.0,
+    base_delta: Callable[[np.ndarray], np.ndarray] | None = None,
+    generic: bool = False,
+) -> RDPCurve:
+    """RDP curve of drawing K from ``distribution``, running the base K times, releasing the best.
+
+    Args:
+        base: RDP curve that every single run satisfies (the plan).
+        distribution: law of K, drawn once before any run.
+        density_ratio: C/c for adaptive sampling whose density stays within
+            [c, C] × prior (DP-HyPO); 1 for non-adaptive (uniform) search.
+        base_delta: the base's exact (ε, δ) profile, vectorised (e.g.
+            :func:`ray_dptune.accounting.mechanisms.gaussian_profile`); tightens
+            the Poisson bound (P&S Theorem 6).
+        generic: also evaluate P&S Lemma 7 at its numerical worst case and keep
+            the pointwise minimum (slower; see :mod:`ray_dptune.accounting.generic`).
+
+    Returns:
+        An RDPCurve on ``base.orders``.
+
+    Raises:
+        UnsupportedBoundError: ``density_ratio > 1`` with a law for which no
+            theorem bounds adaptive search (only the truncated negative binomial,
+            DP-HyPO Theorem 1, and a fixed k, by composition, are covered).
+        ValueError: invalid arguments.
+    """
+    if not isinstance(base, RDPCurve):
+        raise ValueError(f"base must be an RDPCurve, got {type(base).__name__}.")
+    if not isinstance(distribution, RunCountDistribution):
+        raise ValueError(f"distribution must be a RunCountDistribution, got {type(distribution).__name__}.")
+    density_ratio = float(density_ratio)
+    if math.isnan(density_ratio) or math.isinf(density_ratio) or density_ratio < 1.0:
+        raise ValueError(
+            f"density_ratio = C/c must be a finite number >= 1 (c <= 1 <= C), got {density_ratio}."
+        )
+    if base_delta is not None and not isinstance(distribution, Poisson):
+        raise ValueError("base_delta is only used by the Poisson bound (P&S Theorem 6); drop it for this law.")
+    adaptive = density_ratio > 1.0
+
+    if isinstance(distribution, PointMass):
+        # Composition holds under any adaptive choice of the next configuration.
+        bound = distribution.k * base
+    elif isinstance(distribution, TruncatedNegativeBinomial):
+        bound = truncated_negative_binomial_bound(base, distribution, density_ratio=density_ratio)
+    elif adaptive:
+        raise UnsupportedBoundError(
+            f"No proven RDP bound covers adaptive sampling (C/c = {density_ratio}) with K ~ "
+            f"{distribution!r}: DP-HyPO Theorem 1 needs a truncated negative binomial K. Use "
+            "TruncatedNegativeBinomial.from_mean(eta, mean), or a non-adaptive searcher."
+        )
+    elif isinstance(distribution, Poisson):
+        bound = poisson_bound(base, distribution, base_delta=base_delta)
+    else:
+        return generic_repeat_and_select(base, distribution).smoothed()
+
+    if generic and not adaptive:
+        bound = bound.minimum(generic_repeat_and_select(base, distribution))
+    return bound.smoothed()

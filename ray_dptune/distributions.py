@@ -1,0 +1,366 @@
+"""Laws of the number of runs K of a private hyperparameter search.
+
+Papernot & Steinke (2022), "Hyperparameter Tuning with Rényi Differential Privacy"
+(P&S below), run the base algorithm a random number K of times and release only the
+best run. The privacy bound depends on the law of K only through its probability
+generating function f(x) = E[x^K] (P&S Lemma 7), and the utility through f too
+(P&S Sec. 3.6, App. A.2): E[K/(K+1)] = 1 - ∫₀¹ f and P[some run succeeds] = 1 - f(1-p).
+
+Every law here samples exactly (numpy's samplers, or inverse-CDF sampling in double
+precision) and, unless a seed or a generator is given, from a generator seeded by the
+operating system's secure source (:func:`secure_rng`).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import secrets
+from typing import Any
+
+import numpy as np
+from scipy import integrate, special
+
+__all__ = [
+    "RunCountDistribution",
+    "Poisson",
+    "TruncatedNegativeBinomial",
+    "Logarithmic",
+    "Geometric",
+    "PointMass",
+    "secure_rng",
+    "distribution_from_dict",
+]
+
+RngLike = np.random.Generator | int | None
+
+
+def secure_rng(seed: RngLike = None) -> np.random.Generator:
+    """Returns a numpy Generator; without a seed it is seeded from ``secrets``.
+
+    Args:
+        seed: an existing Generator (returned as is), an integer seed (tests,
+            reproducibility), or None for 128 bits from the OS's secure source.
+    """
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None:
+        seed = secrets.randbits(128)
+    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an int, a numpy Generator or None, got {seed!r}.")
+    return np.random.default_rng(int(seed))
+
+
+def _check_finite(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}.")
+    return value
+
+
+class RunCountDistribution(abc.ABC):
+    """Law of the number K of runs; subclasses define the PGF and the sampler."""
+
+    @property
+    @abc.abstractmethod
+    def mean(self) -> float:
+        """E[K]."""
+
+    @abc.abstractmethod
+    def pmf(self, k: Any) -> np.ndarray:
+        """P[K = k], vectorised over integer k (0 outside the support)."""
+
+    @abc.abstractmethod
+    def pgf(self, x: Any) -> np.ndarray:
+        """f(x) = E[x^K] for x in [0, 1]."""
+
+    @abc.abstractmethod
+    def log_pgf_derivative(self, x: Any) -> np.ndarray:
+        """log f'(x) for x in [0, 1] (-inf where f'(x) = 0)."""
+
+    @abc.abstractmethod
+    def sample(self, rng: RngLike = None) -> int:
+        """Draws K exactly; ``rng`` None means a fresh secure generator."""
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description that :func:`distribution_from_dict` reads back."""
+
+    def pgf_derivative(self, x: Any) -> np.ndarray:
+        """f'(x) = E[K x^(K-1)]."""
+        return np.exp(self.log_pgf_derivative(x))
+
+    @property
+    def prob_zero(self) -> float:
+        """P[K = 0]: the chance that no run happens and the output is data-free."""
+        return float(self.pmf(0))
+
+    def expected_quantile(self) -> float:
+        """E[K/(K+1)] = 1 - ∫₀¹ f(x) dx (P&S App. A.2).
+
+        The expected quantile of the released run when every run's score is an
+        independent uniform quantile; K = 0 counts as quantile 0.
+        """
+        integral, _ = integrate.quad(lambda x: float(self.pgf(x)), 0.0, 1.0, epsabs=1e-13, epsrel=1e-12, limit=200)
+        return 1.0 - integral
+
+    def success_probability(self, p: float) -> float:
+        """1 - f(1 - p): the chance that at least one of the K runs succeeds.
+
+        Args:
+            p: the chance that one run succeeds (e.g. lands in the top 1% of the space).
+        """
+        p = _check_finite("p", p)
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p is a probability and must lie in [0, 1], got {p}.")
+        return float(1.0 - self.pgf(1.0 - p))
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.to_dict() == other.to_dict()  # type: ignore[union-attr]
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.to_dict().items())))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "law")
+        return f"{type(self).__name__}({args})"
+
+
+class Poisson(RunCountDistribution):
+    """K ~ Poisson(mean); K = 0 is possible and then nothing is run (P&S Thm 6)."""
+
+    def __init__(self, mean: float):
+        mean = _check_finite("Poisson mean", mean)
+        if mean <= 0:
+            raise ValueError(f"Poisson mean must be > 0, got {mean}.")
+        self._mean = mean
+
+    @property
+    def mean(self) -> float:
+        return self._mean
+
+    def pmf(self, k: Any) -> np.ndarray:
+        k = np.asarray(k)
+        out = np.exp(special.xlogy(k, self._mean) - self._mean - special.gammaln(k + 1.0))
+        return np.where((k >= 0) & (k == np.floor(k)), out, 0.0)
+
+    def pgf(self, x: Any) -> np.ndarray:
+        return np.exp(self._mean * (np.asarray(x, dtype=float) - 1.0))
+
+    def log_pgf_derivative(self, x: Any) -> np.ndarray:
+        return math.log(self._mean) + self._mean * (np.asarray(x, dtype=float) - 1.0)
+
+    def expected_quantile(self) -> float:
+        return 1.0 - float(-np.expm1(-self._mean) / self._mean)
+
+    def sample(self, rng: RngLike = None) -> int:
+        return int(secure_rng(rng).poisson(self._mean))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"law": "poisson", "mean": self._mean}
+
+
+class TruncatedNegativeBinomial(RunCountDistribution):
+    """P&S Definition 1: P[K=k] ∝ (1-γ)^k Π_{l<k} (l+η)/(l+1) on k = 1, 2, ...
+
+    Defined for every η ∈ (-1, ∞) and γ ∈ (0, 1); η = 0 is the logarithmic law and
+    η = 1 the geometric law. P[K = 0] = 0.
+    """
+
+    _CHUNK = 256  # pmf values computed at once by the inverse-CDF sampler
+
+    def __init__(self, eta: float, gamma: float):
+        eta = _check_finite("eta", eta)
+        gamma = _check_finite("gamma", gamma)
+        if eta <= -1.0:
+            raise ValueError(f"eta must be > -1 (P&S Definition 1), got {eta}.")
+        if not 0.0 < gamma < 1.0:
+            raise ValueError(f"gamma must lie strictly between 0 and 1, got {gamma}.")
+        self._eta = eta
+        self._gamma = gamma
+
+    @property
+    def eta(self) -> float:
+        return self._eta
+
+    @property
+    def gamma(self) -> float:
+        return self._gamma
+
+    @staticmethod
+    def _mean_of(eta: float, gamma: float) -> float:
+        log_gamma = math.log(gamma)
+        if eta == 0.0:
+            return (1.0 / gamma - 1.0) / -log_gamma
+        # η(1-γ) / (γ (1-γ^η)), with 1-γ^η = -expm1(η log γ) for accuracy near η = 0.
+        return eta * (1.0 - gamma) / (gamma * -math.expm1(eta * log_gamma))
+
+    @property
+    def mean(self) -> float:
+        return self._mean_of(self._eta, self._gamma)
+
+    @classmethod
+    def from_mean(cls, eta: float, mean: float) -> TruncatedNegativeBinomial:
+        """The law with shape η whose mean is the largest not above ``mean``.
+
+        E[K] decreases in γ, so γ is found by bisection and rounded up: the
+        returned law never runs more trials on average than asked for, and every
+        bound uses the exact mean of the returned law.
+        """
+        eta = _check_finite("eta", eta)
+        mean = _check_finite("mean", mean)
+        if eta <= -1.0:
+            raise ValueError(f"eta must be > -1 (P&S Definition 1), got {eta}.")
+        if mean <= 1.0:
+            raise ValueError(
+                f"A truncated negative binomial has mean > 1 (K >= 1 always), got {mean}; "
+                "use PointMass(1) for a single run."
+            )
+        lo, hi = 0.0, 1.0  # mean(lo) > target >= mean(hi) is kept invariant
+        for _ in range(2000):
+            mid = 0.5 * (lo + hi)
+            if mid <= lo or mid >= hi:
+                break
+            if cls._mean_of(eta, mid) > mean:
+                lo = mid
+            else:
+                hi = mid
+        law = cls.__new__(cls)
+        TruncatedNegativeBinomial.__init__(law, eta, hi)
+        return law
+
+    def _log_norm(self) -> float:
+        """log |γ^{-η} - 1| (or log log(1/γ) for η = 0), the normaliser of the pmf."""
+        log_gamma = math.log(self._gamma)
+        if self._eta == 0.0:
+            return math.log(-log_gamma)
+        return math.log(abs(math.expm1(-self._eta * log_gamma)))
+
+    def pmf(self, k: Any) -> np.ndarray:
+        k = np.asarray(k, dtype=float)
+        valid = (k >= 1) & (k == np.floor(k))
+        ks = np.where(valid, k, 1.0)
+        log_terms = ks * math.log1p(-self._gamma) - self._log_norm()
+        if self._eta == 0.0:
+            log_terms = log_terms - np.log(ks)
+        else:
+            # |Π_{l<k} (l+η)/(l+1)| = |Γ(k+η) / (Γ(η) Γ(k+1))|; its sign matches γ^{-η}-1.
+            log_terms = log_terms + special.gammaln(ks + self._eta) - special.gammaln(ks + 1.0) - special.gammaln(self._eta)
+        return np.where(valid, np.exp(log_terms), 0.0)
+
+    def pgf(self, x: Any) -> np.ndarray:
+        log1m = np.log1p(-(1.0 - self._gamma) * np.asarray(x, dtype=float))
+        if self._eta == 0.0:
+            return log1m / math.log(self._gamma)
+        return np.expm1(-self._eta * log1m) / math.expm1(-self._eta * math.log(self._gamma))
+
+    def log_pgf_derivative(self, x: Any) -> np.ndarray:
+        # f'(x) = (1-(1-γ)x)^{-η-1} γ^{η+1} E[K]   (proof of P&S Thm 2)
+        log1m = np.log1p(-(1.0 - self._gamma) * np.asarray(x, dtype=float))
+        return -(self._eta + 1.0) * (log1m - math.log(self._gamma)) + math.log(self.mean)
+
+    def sample(self, rng: RngLike = None) -> int:
+        """Inverse-CDF sampling: exact up to double-precision rounding of the CDF."""
+        u = secure_rng(rng).random()
+        start, cumulative = 1, 0.0
+        while True:
+            probs = self.pmf(np.arange(start, start + self._CHUNK))
+            cdf = cumulative + np.cumsum(probs)
+            index = int(np.searchsorted(cdf, u, side="right"))
+            if index < self._CHUNK:
+                return start + index
+            if cdf[-1] <= cumulative:  # the tail underflowed: u is within rounding of 1
+                return start + self._CHUNK - 1
+            cumulative = float(cdf[-1])
+            start += self._CHUNK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"law": "truncated_negative_binomial", "eta": self._eta, "gamma": self._gamma}
+
+
+class Logarithmic(TruncatedNegativeBinomial):
+    """The logarithmic law, η = 0: P[K=k] = (1-γ)^k / (k log(1/γ))."""
+
+    def __init__(self, gamma: float):
+        super().__init__(0.0, gamma)
+
+    @classmethod
+    def from_mean(cls, mean: float) -> Logarithmic:  # type: ignore[override]
+        """The logarithmic law whose mean is the largest not above ``mean``."""
+        return super().from_mean(0.0, mean)  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"law": "logarithmic", "gamma": self._gamma}
+
+
+class Geometric(TruncatedNegativeBinomial):
+    """The geometric law on {1, 2, ...}, η = 1: P[K=k] = γ(1-γ)^(k-1), E[K] = 1/γ."""
+
+    def __init__(self, gamma: float):
+        super().__init__(1.0, gamma)
+
+    @classmethod
+    def from_mean(cls, mean: float) -> Geometric:  # type: ignore[override]
+        """The geometric law with γ = 1/mean (exact up to rounding γ up)."""
+        return super().from_mean(1.0, mean)  # type: ignore[return-value]
+
+    def sample(self, rng: RngLike = None) -> int:
+        return int(secure_rng(rng).geometric(self._gamma))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"law": "geometric", "gamma": self._gamma}
+
+
+class PointMass(RunCountDistribution):
+    """K = k always: plain repetition, accounted by composition (for comparison)."""
+
+    def __init__(self, k: int):
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"PointMass needs an integer number of runs k >= 1, got {k!r}.")
+        self._k = int(k)
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    @property
+    def mean(self) -> float:
+        return float(self._k)
+
+    def pmf(self, k: Any) -> np.ndarray:
+        return np.where(np.asarray(k) == self._k, 1.0, 0.0)
+
+    def pgf(self, x: Any) -> np.ndarray:
+        return np.asarray(x, dtype=float) ** self._k
+
+    def log_pgf_derivative(self, x: Any) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return math.log(self._k) + (self._k - 1) * np.log(np.asarray(x, dtype=float))
+
+    def expected_quantile(self) -> float:
+        return self._k / (self._k + 1.0)
+
+    def sample(self, rng: RngLike = None) -> int:
+        return self._k
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"law": "point_mass", "k": self._k}
+
+
+def distribution_from_dict(spec: dict[str, Any]) -> RunCountDistribution:
+    """Rebuilds a law from :meth:`RunCountDistribution.to_dict` output."""
+    law = spec.get("law")
+    if law == "poisson":
+        return Poisson(spec["mean"])
+    if law == "truncated_negative_binomial":
+        return TruncatedNegativeBinomial(spec["eta"], spec["gamma"])
+    if law == "logarithmic":
+        return Logarithmic(spec["gamma"])
+    if law == "geometric":
+        return Geometric(spec["gamma"])
+    if law == "point_mass":
+        return PointMass(spec["k"])
+    raise ValueError(
+        f"Unknown law {law!r}; expected one of poisson, truncated_negative_binomial, "
+        "logarithmic, geometric, point_mass."
+    )

@@ -1,0 +1,18 @@
+"""Exceptions raised by ray_dptune."""
+
+
+class PrivacyError(RuntimeError):
+    """The requested run would make the reported privacy guarantee wrong.
+
+    Raised instead of a warning wherever continuing would report an ε lower than
+    the truth: a trial spending above its plan, a truncated number of runs, an
+    adaptive scheduler under a DP searcher, a combination no theorem covers.
+    """
+
+
+class UnsupportedBoundError(PrivacyError, ValueError):
+    """No proven privacy bound covers this combination of inputs.
+
+    Subclasses both :class:`PrivacyError` and :class:`ValueError`, so callers that
+    validate arguments and callers that guard privacy can each catch it.
+    """
