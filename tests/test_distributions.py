@@ -1,0 +1,203 @@
+"""Laws of the number of runs: pmf, PGF, utility, exact sampling, validation."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from ray_dptune import distributions as d
+from ray_dptune.distributions import (
+    Geometric,
+    Logarithmic,
+    PointMass,
+    Poisson,
+    TruncatedNegativeBinomial,
+    distribution_from_dict,
+    secure_rng,
+)
+
+LAWS = {
+    "poisson-0.7": Poisson(0.7),
+    "poisson-8": Poisson(8.0),
+    "tnb-neg0.5": TruncatedNegativeBinomial(-0.5, 0.2),
+    "tnb-neg0.9": TruncatedNegativeBinomial(-0.9, 0.3),
+    "logarithmic": Logarithmic(0.05),
+    "tnb-0.5": TruncatedNegativeBinomial(0.5, 0.1),
+    "geometric": Geometric(0.15),
+    "tnb-3": TruncatedNegativeBinomial(3.0, 0.4),
+    "point-3": PointMass(3),
+}
+K = np.arange(0, 20000)
+
+
+@pytest.mark.parametrize("name", LAWS)
+def test_pmf_sums_to_one_and_matches_mean(name):
+    law = LAWS[name]
+    pmf = law.pmf(K)
+    assert pmf.sum() == pytest.approx(1.0, abs=1e-9)
+    assert (pmf * K).sum() == pytest.approx(law.mean, rel=1e-8)
+
+
+@pytest.mark.parametrize("name", LAWS)
+@pytest.mark.parametrize("x", [0.0, 0.3, 0.9, 0.999])
+def test_pgf_and_derivative_match_the_series(name, x):
+    law = LAWS[name]
+    pmf = law.pmf(K)
+    assert float(law.pgf(x)) == pytest.approx((pmf * x**K).sum(), rel=1e-9, abs=1e-15)
+    series = (pmf[1:] * K[1:] * x ** (K[1:] - 1)).sum()
+    assert float(law.pgf_derivative(x)) == pytest.approx(series, rel=1e-8, abs=1e-15)
+
+
+@pytest.mark.parametrize("name", LAWS)
+def test_pgf_derivative_at_one_is_the_mean(name):
+    law = LAWS[name]
+    assert float(law.pgf_derivative(1.0)) == pytest.approx(law.mean, rel=1e-12)
+    assert float(law.pgf(1.0)) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_closed_form_pmfs_of_definition_1():
+    gamma = 0.2
+    k = np.arange(1, 30)
+    np.testing.assert_allclose(Logarithmic(gamma).pmf(k), (1 - gamma) ** k / (k * math.log(1 / gamma)), rtol=1e-12)
+    np.testing.assert_allclose(Geometric(gamma).pmf(k), gamma * (1 - gamma) ** (k - 1), rtol=1e-12)
+    # Equation (3) as a product, for a negative η.
+    eta = -0.4
+    law = TruncatedNegativeBinomial(eta, gamma)
+    for kk in (1, 2, 7):
+        product = np.prod([(l + eta) / (l + 1) for l in range(kk)])
+        assert law.pmf(kk) == pytest.approx((1 - gamma) ** kk / (gamma**-eta - 1) * product, rel=1e-12)
+    assert law.pmf(0) == 0.0 and law.pmf(2.5) == 0.0
+
+
+@pytest.mark.parametrize("eta", [-0.7, 0.0, 0.5, 1.0, 4.0])
+@pytest.mark.parametrize("mean", [1.5, 10.0, 1000.0])
+def test_from_mean_never_exceeds_the_requested_mean(eta, mean):
+    law = TruncatedNegativeBinomial.from_mean(eta, mean)
+    assert law.mean <= mean
+    assert law.mean == pytest.approx(mean, rel=1e-9)
+    assert law.eta == eta
+
+
+def test_named_laws_from_mean():
+    assert Geometric.from_mean(10).gamma == pytest.approx(0.1, rel=1e-12)
+    assert isinstance(Logarithmic.from_mean(10), Logarithmic)
+    assert Logarithmic.from_mean(10).mean == pytest.approx(10, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", LAWS)
+def test_expected_quantile_is_e_k_over_k_plus_one(name):
+    law = LAWS[name]
+    direct = (law.pmf(K) * K / (K + 1.0)).sum()
+    assert law.expected_quantile() == pytest.approx(direct, rel=1e-7)
+
+
+def test_expected_quantile_closed_forms():
+    assert Poisson(10).expected_quantile() == pytest.approx(1 - (1 - math.exp(-10)) / 10, rel=1e-14)
+    assert PointMass(4).expected_quantile() == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("name", LAWS)
+def test_success_probability(name):
+    law = LAWS[name]
+    p = 0.01
+    direct = (law.pmf(K) * (1 - (1 - p) ** K)).sum()
+    assert law.success_probability(p) == pytest.approx(direct, rel=1e-9)
+    assert law.success_probability(0.0) == pytest.approx(0.0, abs=1e-15)
+    assert law.success_probability(1.0) == pytest.approx(1.0 - law.prob_zero)
+    with pytest.raises(ValueError, match="probability"):
+        law.success_probability(1.5)
+
+
+def _chi_square_pvalue(law, samples):
+    """Pearson test with the tail merged so every bin expects >= 5 samples."""
+    n = len(samples)
+    top = int(np.max(samples)) + 1
+    expected = law.pmf(np.arange(top)) * n
+    observed = np.bincount(samples, minlength=top).astype(float)
+    last = int(np.nonzero(expected >= 5)[0].max())
+    exp_bins = np.append(expected[: last + 1], n - expected[: last + 1].sum())
+    obs_bins = np.append(observed[: last + 1], n - observed[: last + 1].sum())
+    keep = exp_bins > 0
+    assert obs_bins[~keep].sum() == 0, "samples outside the support"
+    return stats.chisquare(obs_bins[keep], exp_bins[keep] * obs_bins[keep].sum() / exp_bins[keep].sum()).pvalue
+
+
+@pytest.mark.parametrize("name", [n for n in LAWS if not n.startswith("point")])
+def test_sampling_is_exact_goodness_of_fit(name):
+    law = LAWS[name]
+    rng = np.random.default_rng(20261121)
+    samples = np.array([law.sample(rng) for _ in range(20000)])
+    assert _chi_square_pvalue(law, samples) > 1e-3
+    assert samples.mean() == pytest.approx(law.mean, rel=0.1)
+
+
+def test_goodness_of_fit_test_detects_a_wrong_sampler():
+    rng = np.random.default_rng(1)
+    wrong = np.array([Geometric(0.17).sample(rng) for _ in range(20000)])
+    assert _chi_square_pvalue(Geometric(0.15), wrong) < 1e-6
+
+
+def test_default_sampling_is_seeded_from_the_secure_source(monkeypatch):
+    calls = []
+    real = d.secrets.randbits
+
+    def spy(bits):
+        calls.append(bits)
+        return real(bits)
+
+    monkeypatch.setattr(d.secrets, "randbits", spy)
+    Poisson(5).sample()
+    TruncatedNegativeBinomial(0.5, 0.1).sample()
+    assert calls == [128, 128]
+
+
+def test_explicit_seed_reproduces():
+    law = TruncatedNegativeBinomial(-0.5, 0.05)
+    assert [law.sample(7) for _ in range(3)] == [law.sample(7)] * 3
+    assert secure_rng(3).integers(1 << 30) == np.random.default_rng(3).integers(1 << 30)
+    with pytest.raises(ValueError, match="seed"):
+        secure_rng("abc")
+
+
+def test_large_eta_with_fixed_mean_approaches_poisson():
+    """P&S Sec. 3.4: as η → ∞ at fixed mean, the negative binomial becomes Poisson."""
+    k = np.arange(0, 200)
+    target = Poisson(10).pmf(k)
+    distances = []
+    for eta in (10.0, 100.0, 1000.0):
+        tnb = TruncatedNegativeBinomial.from_mean(eta, 10.0)
+        distances.append(0.5 * np.abs(tnb.pmf(k) - target).sum())
+    # The variance μ + μ²/η approaches μ: the distance shrinks like 1/η.
+    assert distances[0] > 5 * distances[1] > 25 * distances[2]
+    assert distances[2] < 5e-3
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: TruncatedNegativeBinomial(-1.0, 0.5), "eta must be > -1"),
+        (lambda: TruncatedNegativeBinomial(0.5, 1.0), "gamma"),
+        (lambda: TruncatedNegativeBinomial(0.5, 0.0), "gamma"),
+        (lambda: TruncatedNegativeBinomial(float("nan"), 0.5), "finite"),
+        (lambda: Logarithmic(float("inf")), "finite"),
+        (lambda: TruncatedNegativeBinomial.from_mean(0.5, 1.0), "mean > 1"),
+        (lambda: Geometric.from_mean(0.5), "mean > 1"),
+        (lambda: Poisson(0.0), "> 0"),
+        (lambda: Poisson(float("nan")), "finite"),
+        (lambda: PointMass(0), "k >= 1"),
+        (lambda: PointMass(2.5), "integer"),
+        (lambda: distribution_from_dict({"law": "uniform"}), "Unknown law"),
+    ],
+)
+def test_invalid_parameters_raise_clear_errors(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("name", LAWS)
+def test_dict_round_trip(name):
+    law = LAWS[name]
+    again = distribution_from_dict(law.to_dict())
+    assert again == law and type(again) is type(law)
+    assert repr(law).startswith(type(law).__name__)

@@ -1,0 +1,184 @@
+"""RDPCurve: validation, composition, smoothing, (ε, δ) conversion, base mechanisms."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import get_epsilon_gaussian
+from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
+from scipy import optimize
+
+from ray_dptune.accounting import DEFAULT_ORDERS, RDPCurve, gaussian_profile, subsampled_gaussian_profile
+
+DP_ORDERS = np.array(dp_rdp.DEFAULT_RDP_ORDERS, dtype=float)
+
+
+@pytest.mark.parametrize(
+    "orders, epsilons, message",
+    [
+        ([2.0, 1.5], [1.0, 1.0], "strictly increasing"),
+        ([2.0, 2.0], [1.0, 1.0], "strictly increasing"),
+        ([1.0, 2.0], [1.0, 1.0], "> 1"),
+        ([2.0, np.nan], [1.0, 1.0], "finite"),
+        ([2.0, 3.0], [1.0, np.nan], "NaN"),
+        ([2.0, 3.0], [1.0, -0.1], ">= 0"),
+        ([2.0, 3.0], [1.0], "equal length"),
+        ([], [], "non-empty"),
+    ],
+)
+def test_invalid_curves_raise(orders, epsilons, message):
+    with pytest.raises(ValueError, match=message):
+        RDPCurve(orders, epsilons)
+
+
+def test_curve_is_immutable_and_owns_its_arrays():
+    orders = np.array([2.0, 4.0])
+    curve = RDPCurve(orders, [0.1, 0.2])
+    orders[0] = 1.5
+    assert curve.orders[0] == 2.0
+    with pytest.raises(ValueError):
+        curve.epsilons[0] = 0.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        curve.orders = orders
+
+
+def test_default_orders_reach_close_to_one_and_far():
+    assert DEFAULT_ORDERS[0] < 1.01 and DEFAULT_ORDERS[-1] >= 1e5
+    assert np.all(np.diff(DEFAULT_ORDERS) > 0)
+
+
+def test_mechanism_closed_forms():
+    a = DEFAULT_ORDERS
+    np.testing.assert_allclose(RDPCurve.gaussian(2.0).epsilons, a / 8.0, rtol=1e-15)
+    np.testing.assert_allclose(RDPCurve.zcdp(0.3).epsilons, 0.3 * a, rtol=1e-15)
+    np.testing.assert_allclose(RDPCurve.pure(0.5).epsilons, np.minimum(0.5, a * 0.125), rtol=1e-15)
+    assert np.all(RDPCurve.zero().epsilons == 0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        RDPCurve.gaussian(0.0)
+    with pytest.raises(ValueError, match="rho"):
+        RDPCurve.zcdp(-1.0)
+
+
+def test_composition_adds_and_multiplies():
+    g = RDPCurve.gaussian(3.0)
+    z = RDPCurve.zcdp(0.01)
+    np.testing.assert_allclose((g + z).epsilons, g.epsilons + z.epsilons)
+    np.testing.assert_allclose((5 * g).epsilons, 5 * g.epsilons)
+    assert 5 * g == g * 5 == g + g + g + g + g or np.allclose((5 * g).epsilons, (g + g + g + g + g).epsilons)
+    assert np.all((0 * RDPCurve([2.0], [np.inf])).epsilons == 0)
+    with pytest.raises(TypeError):
+        _ = 2.5 * g
+    with pytest.raises(ValueError, match="non-negative"):
+        _ = -1 * g
+
+
+def test_composition_on_different_grids_is_conservative():
+    a = RDPCurve([2.0, 4.0, 8.0], [0.2, 0.4, 0.8])
+    b = RDPCurve([3.0, 4.0, 16.0], [0.3, 0.4, 1.6])
+    c = a + b
+    assert c.orders.tolist() == [2.0, 3.0, 4.0, 8.0]  # up to the smaller top order
+    # at order 3, a is only known at 4 (0.4): monotonicity gives D_3 <= D_4
+    assert c.epsilons.tolist() == pytest.approx([0.2 + 0.3, 0.4 + 0.3, 0.8, 0.8 + 1.6])
+    assert c.at(np.array([100.0]))[0] == np.inf
+
+
+def test_smoothing_applies_monotonicity():
+    curve = RDPCurve([2.0, 3.0, 4.0, 5.0], [1.0, 0.5, 0.7, 0.6])
+    assert curve.smoothed().epsilons.tolist() == [0.5, 0.5, 0.6, 0.6]
+    assert curve.smoothed().smoothed() == curve.smoothed()
+
+
+@pytest.mark.parametrize("curve_name", ["gaussian", "dpsgd", "composed"])
+@pytest.mark.parametrize("delta", [1e-10, 1e-6, 1e-3, 0.3])
+def test_conversion_matches_dp_accounting(curve_name, delta):
+    curve = {
+        "gaussian": RDPCurve.gaussian(1.3, orders=DP_ORDERS),
+        "dpsgd": RDPCurve.subsampled_gaussian(0.02, 1.1, 500, orders=DP_ORDERS),
+        "composed": 30 * RDPCurve.gaussian(4.0, orders=DP_ORDERS),
+    }[curve_name]
+    theirs, _ = dp_rdp.compute_epsilon(curve.orders, curve.epsilons, delta)
+    assert curve.epsilon(delta) == pytest.approx(theirs, rel=1e-9, abs=1e-12)
+    eps = max(theirs, 0.5)
+    their_delta, _ = dp_rdp.compute_delta(curve.orders, curve.epsilons, eps)
+    assert curve.delta(eps) == pytest.approx(their_delta, rel=1e-9, abs=1e-300)
+
+
+def test_epsilon_delta_round_trip():
+    curve = RDPCurve.subsampled_gaussian(0.01, 1.0, 1000)
+    for delta in (1e-8, 1e-5, 1e-2):
+        eps = curve.epsilon(delta)
+        assert curve.delta(eps) <= delta * (1 + 1e-9)
+        assert curve.delta(eps * 0.98) > delta
+
+
+@pytest.mark.parametrize("rho", np.logspace(-5, 2, 15))
+@pytest.mark.parametrize("delta", [1e-12, 1e-9, 1e-6, 1e-3, 1e-2])
+def test_default_grid_is_within_a_tenth_of_a_percent_of_the_continuous_optimum(rho, delta):
+    def cks(alpha):
+        return rho * alpha + math.log1p(-1 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1)
+
+    x_star = math.sqrt(math.log(1 / delta) / rho)
+    res = optimize.minimize_scalar(
+        lambda lx: cks(1 + math.exp(lx)), bracket=(math.log(x_star) - 1, math.log(x_star) + 1), tol=1e-12
+    )
+    continuous = max(0.0, res.fun)
+    ours = RDPCurve.zcdp(rho).epsilon(delta)
+    assert ours >= continuous * (1 - 1e-9)
+    assert ours <= continuous * (1 + 1e-3)
+
+
+def test_subsampled_gaussian_matches_an_independent_implementation():
+    """Opacus's analysis (Mironov, Talwar & Zhang 2019) on integer orders."""
+    opacus_rdp = pytest.importorskip("opacus.accountants.analysis.rdp")
+    orders = np.array([2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0])
+    ours = RDPCurve.subsampled_gaussian(0.02, 1.1, 300, orders=orders).epsilons
+    theirs = opacus_rdp.compute_rdp(q=0.02, noise_multiplier=1.1, steps=300, orders=orders)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    # Without subsampling, DP-SGD is composition of Gaussians.
+    full = RDPCurve.subsampled_gaussian(1.0, 2.0, 7, orders=orders)
+    np.testing.assert_allclose(full.epsilons, 7 * orders / 8.0, rtol=1e-9)
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 2.236, 10.0])
+def test_gaussian_profile_is_exact(sigma):
+    profile = gaussian_profile(sigma)
+    for delta in (1e-9, 1e-6, 1e-3):
+        eps = get_epsilon_gaussian(sigma, delta)
+        assert float(profile(np.array([eps]))[0]) == pytest.approx(delta, rel=1e-6)
+    # RDP conversion can never beat the exact profile of the same mechanism.
+    curve = RDPCurve.gaussian(sigma)
+    eps_grid = np.linspace(0.0, 8.0, 41)
+    assert np.all([curve.delta(e) >= p * (1 - 1e-9) for e, p in zip(eps_grid, profile(eps_grid))])
+    assert np.all(np.diff(profile(eps_grid)) <= 0)
+
+
+def test_subsampled_gaussian_profile_is_an_upper_bound_tighter_than_rdp():
+    q, sigma, steps = 0.05, 1.2, 50
+    profile = subsampled_gaussian_profile(q, sigma, steps)
+    curve = RDPCurve.subsampled_gaussian(q, sigma, steps)
+    eps = np.array([0.5, 1.0, 2.0])
+    pld = profile(eps)
+    assert np.all(pld <= [curve.delta(e) for e in eps])
+    # one unsampled step is the Gaussian mechanism: pessimistic PLD is above the exact value, by little
+    one = subsampled_gaussian_profile(1.0, sigma, 1)(eps)
+    exact = gaussian_profile(sigma)(eps)
+    assert np.all(one >= exact * (1 - 1e-12)) and np.allclose(one, exact, rtol=1e-2)
+
+
+def test_record_round_trip_keeps_infinity():
+    curve = RDPCurve([1.5, 2.0, 64.0], [0.1, 0.2, np.inf])
+    record = curve.to_dict()
+    assert record["epsilons"][-1] == "inf"
+    assert RDPCurve.from_dict(record) == curve
+    with pytest.raises(ValueError, match="Not an RDP curve"):
+        RDPCurve.from_dict({"orders": [2.0]})
+
+
+def test_epsilon_rejects_bad_delta():
+    curve = RDPCurve.gaussian(1.0)
+    for bad in (0.0, 1.0, -1e-5, float("nan")):
+        with pytest.raises(ValueError, match="delta"):
+            curve.epsilon(bad)
+    with pytest.raises(ValueError, match="epsilon"):
+        curve.delta(-1.0)
