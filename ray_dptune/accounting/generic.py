@@ -32,31 +32,36 @@ _MAX_CONSTRAINT_ORDERS = 48  # fewer constraints = a larger feasible set = still
 _CONSTRAINT_SLACK = 1e-9  # relative slack on ε(α): rounding may only enlarge the feasible set
 
 
-def _binary_renyi(alpha: np.ndarray, p: np.ndarray, p_prime: np.ndarray) -> np.ndarray:
-    """D_α(Bern(p)‖Bern(p')), broadcast over arrays, in log space."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_one = alpha * np.log(p) + (1.0 - alpha) * np.log(p_prime)
-        log_zero = alpha * np.log1p(-p) + (1.0 - alpha) * np.log1p(-p_prime)
-        # 0^α · x^(1-α) = 0 for α > 1, whatever x is.
-        log_one = np.where(p == 0.0, -np.inf, log_one)
-        log_zero = np.where(p == 1.0, -np.inf, log_zero)
-        return np.logaddexp(log_one, log_zero) / (alpha - 1.0)
+def _log_probs(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    with np.errstate(divide="ignore"):
+        return np.log(p), np.log1p(-p)
+
+
+def _binary_renyi_exceeds(alpha, log_p, log_1mp, log_r, log_1mr, limit) -> np.ndarray:
+    """D_α(Bern(p)‖Bern(r)) > limit, from precomputed logs (0^α r^(1-α) = 0 for α > 1)."""
+    with np.errstate(invalid="ignore"):
+        one = np.where(np.isneginf(log_p), -np.inf, alpha * log_p + (1.0 - alpha) * log_r)
+        zero = np.where(np.isneginf(log_1mp), -np.inf, alpha * log_1mp + (1.0 - alpha) * log_1mr)
+    return np.logaddexp(one, zero) > (alpha - 1.0) * limit
 
 
 def _smallest_feasible_partner(q: np.ndarray, alphas: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """A lower bound on min{q' ≤ q : (q, q') satisfies every binary constraint}."""
     a = alphas[:, None]
     eps = bounds[:, None] * (1.0 + _CONSTRAINT_SLACK) + _CONSTRAINT_SLACK
+    log_q, log_1mq = (v[None, :] for v in _log_probs(q))
     lo = np.zeros_like(q)  # infeasible (or q = 0)
     hi = q.copy()  # feasible: the divergence of a law from itself is 0
     for _ in range(_BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
-        feasible = np.all(
-            (_binary_renyi(a, q[None, :], mid[None, :]) <= eps) & (_binary_renyi(a, mid[None, :], q[None, :]) <= eps),
+        log_m, log_1mm = (v[None, :] for v in _log_probs(mid))
+        infeasible = np.any(
+            _binary_renyi_exceeds(a, log_q, log_1mq, log_m, log_1mm, eps)
+            | _binary_renyi_exceeds(a, log_m, log_1mm, log_q, log_1mq, eps),
             axis=0,
         )
-        hi = np.where(feasible, mid, hi)
-        lo = np.where(feasible, lo, mid)
+        hi = np.where(infeasible, hi, mid)
+        lo = np.where(infeasible, mid, lo)
     return lo
 
 

@@ -12,10 +12,6 @@ from typing import Callable
 import numpy as np
 from scipy import special
 
-from dp_accounting import dp_event
-from dp_accounting.pld import privacy_loss_distribution
-from dp_accounting.rdp import rdp_privacy_accountant
-
 SUBSAMPLED_GAUSSIAN_MAX_ORDER = 1024.0
 
 DeltaProfile = Callable[[np.ndarray], np.ndarray]
@@ -68,6 +64,9 @@ def subsampled_gaussian_rdp(sample_rate: float, noise_multiplier: float, steps: 
     computable = orders <= SUBSAMPLED_GAUSSIAN_MAX_ORDER
     epsilons = np.full(orders.shape, np.inf)
     if computable.any():
+        from dp_accounting import dp_event  # imported here: dp_accounting takes ~1.5 s to import
+        from dp_accounting.rdp import rdp_privacy_accountant
+
         accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders[computable]))
         event = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier))
         accountant.compose(event, int(steps))
@@ -104,6 +103,8 @@ def gaussian_profile(noise_multiplier: float) -> DeltaProfile:
 
 @functools.lru_cache(maxsize=32)
 def _subsampled_gaussian_pld(sample_rate: float, noise_multiplier: float, steps: int, discretization: float):
+    from dp_accounting.pld import privacy_loss_distribution
+
     pld = privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=noise_multiplier,
         sensitivity=1.0,
