@@ -23,8 +23,11 @@ import dataclasses
 import json
 import logging
 import math
+import sys
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +41,7 @@ from ray_dptune.distributions import (
     TruncatedNegativeBinomial,
 )
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 PROG = "ray-dptune"
 DEFAULT_DELTA = 1e-6  # P&S Figure 4
@@ -119,7 +122,7 @@ def _finite_float(text: str) -> float:
 
 
 def _positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
+    """Type of an option that takes a finite number > 0."""
     value = _finite_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
@@ -127,7 +130,7 @@ def _positive_float(text: str) -> float:
 
 
 def _open_unit_float(text: str) -> float:
-    """argparse type: a number strictly between 0 and 1 (for δ)."""
+    """Type of an option that takes a number strictly between 0 and 1 (δ)."""
     value = _finite_float(text)
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
@@ -135,7 +138,7 @@ def _open_unit_float(text: str) -> float:
 
 
 def _probability(text: str) -> float:
-    """argparse type: a probability in [0, 1]."""
+    """Type of an option that takes a probability in [0, 1]."""
     value = _finite_float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be a probability in [0, 1], got {text}")
@@ -143,7 +146,7 @@ def _probability(text: str) -> float:
 
 
 def parse_law(text: str) -> LawSpec:
-    """argparse type for ``--law``: ``poisson``, ``logarithmic``, ``geometric`` or ``tnb:ETA``.
+    """Type of ``--law``: ``poisson``, ``logarithmic``, ``geometric`` or ``tnb:ETA``.
 
     Args:
         text: the value given on the command line (case-insensitive).
@@ -178,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser, one subparser per subcommand."""
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Differentially private hyperparameter search for Ray Tune: one honest (ε, δ) for the whole search.",
+        description="Differentially private hyperparameter search for Ray Tune: "
+        "one honest (ε, δ) for the whole search.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_plan_parser(subparsers)
@@ -189,11 +193,12 @@ def _add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     plan = subparsers.add_parser(
         "plan",
         help="ε of a whole search for each law of the number of runs K, before running anything.",
-        description=(
+        description=textwrap.fill(
             "Print, for each law of the number of runs K and each mean E[K], the (ε, δ) of the whole "
             "hyperparameter search (run the base mechanism K times, release only the best run; "
             "Papernot & Steinke 2022) beside composing ceil(mean) runs, with the expected quantile of "
-            "the released run and the chance that at least one run succeeds."
+            "the released run and the chance that at least one run succeeds.",
+            width=78,
         ),
         epilog=(
             "examples:\n"
@@ -224,8 +229,7 @@ def _add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     base.add_argument(
         "--exact-profile",
         action="store_true",
-        help="with --dpsgd: also use its exact privacy profile (PLD accountant) in the Poisson bound; "
-        "tighter, slower.",
+        help="with --dpsgd: also use its exact privacy profile (PLD accountant) in the Poisson bound; tighter, slower.",
     )
 
     search = plan.add_argument_group("search")
@@ -251,7 +255,7 @@ def _add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=[DEFAULT_MEAN],
         metavar="MEAN",
         help=f"one or more expected numbers of runs E[K] (default: {DEFAULT_MEAN:g}); "
-        "must be > 1 for all laws but poisson.",
+        "must be >= 1 for poisson and > 1 for the other laws.",
     )
     search.add_argument(
         "--success-p",
@@ -264,14 +268,11 @@ def _add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     search.add_argument(
         "--generic",
         action="store_true",
-        help="also evaluate the generic bound (P&S Lemma 7) numerically and keep the smaller ε; "
-        "tighter, slower.",
+        help="also evaluate the generic bound (P&S Lemma 7) numerically and keep the smaller ε; tighter, slower.",
     )
 
     output = plan.add_argument_group("output")
-    output.add_argument(
-        "--json", action="store_true", help="print machine-readable JSON instead of the table."
-    )
+    output.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the table.")
     output.add_argument(
         "--plot",
         type=Path,
@@ -347,8 +348,7 @@ def _build_base(args: argparse.Namespace) -> BaseMechanism:
     """
     if args.exact_profile and args.dpsgd is None:
         raise ValueError(
-            "--exact-profile only applies to --dpsgd (--gaussian always uses its exact profile; "
-            "--zcdp has none)"
+            "--exact-profile only applies to --dpsgd (--gaussian always uses its exact profile; --zcdp has none)"
         )
     if args.gaussian is not None:
         sigma = args.gaussian
@@ -393,21 +393,28 @@ def _unique_laws(laws: Sequence[LawSpec] | None) -> list[LawSpec]:
 
 
 def _check_means(laws: Sequence[LawSpec], means: Sequence[float]) -> None:
-    """Raises ValueError when a TNB-family law is asked for a mean <= 1."""
+    """Raises ValueError for a mean that no bound covers correctly.
+
+    A truncated negative binomial law always runs K >= 1 times, so its mean is > 1.
+    For Poisson, P&S Theorem 6 (and Lemma 7) turn negative at small orders when
+    E[K] < 1 (the log(E[K])/(λ-1) term), which would report ε = 0 for a search that
+    is not 0-DP; such means are refused.
+    """
     for spec in laws:
-        if not spec.needs_mean_above_one:
-            continue
         for mean in means:
-            if mean <= 1.0:
+            if spec.needs_mean_above_one and mean <= 1.0:
                 raise ValueError(
                     f"--mean {mean:g} is too small for --law {spec.name}: this law always runs K >= 1 times, "
-                    "so its mean must be > 1 (use --law poisson for means <= 1)"
+                    "so its mean must be > 1"
+                )
+            if not spec.needs_mean_above_one and mean < 1.0:
+                raise ValueError(
+                    f"--mean {mean:g} is too small for --law {spec.name}: the Poisson bound (P&S Theorem 6) "
+                    "is not valid for E[K] < 1 (it would report ε = 0); use a mean >= 1"
                 )
 
 
-def search_epsilon(
-    base: BaseMechanism, law: RunCountDistribution, delta: float, *, generic: bool = False
-) -> float:
+def search_epsilon(base: BaseMechanism, law: RunCountDistribution, delta: float, *, generic: bool = False) -> float:
     """ε at ``delta`` of running ``base`` K ~ ``law`` times and releasing the best run."""
     profile = base.profile if isinstance(law, Poisson) else None
     return repeat_and_select(base.curve, law, base_delta=profile, generic=generic).epsilon(delta)
@@ -507,15 +514,22 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows as an aligned text table (law left-aligned, numbers right-aligned)."""
-    cells = [[title for title, _, _ in _COLUMNS]]
+def format_table(rows: Sequence[dict[str, Any]], *, ascii_only: bool = False) -> str:
+    """The rows as an aligned text table (law left-aligned, numbers right-aligned).
+
+    Args:
+        rows: rows from :func:`plan_rows`.
+        ascii_only: spell Greek letters out in the column titles.
+    """
+    cells = [[title.translate(_ASCII_NAMES) if ascii_only else title for title, _, _ in _COLUMNS]]
     for row in rows:
         cells.append([_cell(row[key], spec) for _, key, spec in _COLUMNS])
     widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
     out = []
     for line in cells:
-        parts = [line[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(line[1:], widths[1:])]
+        parts = [line[0].ljust(widths[0])] + [
+            cell.rjust(width) for cell, width in zip(line[1:], widths[1:], strict=True)
+        ]
         out.append("  ".join(parts).rstrip())
     out.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(out)
@@ -528,16 +542,32 @@ def _footer() -> list[str]:
     ]
 
 
+_ASCII_NAMES = str.maketrans({"ε": "eps", "δ": "delta", "σ": "sigma", "ρ": "rho", "η": "eta", "λ": "lambda"})
+
+
+def _stdout_is_unicode() -> bool:
+    """Whether stdout can print the Greek letters of the table (not so on some consoles)."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        "εδσρηλ".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _emit(lines: Sequence[str]) -> None:
+    """Prints ``lines``, spelling Greek letters out where stdout cannot encode them."""
+    text = "\n".join(lines)
+    print(text if _stdout_is_unicode() else text.translate(_ASCII_NAMES))
+
+
 def _json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _to_json(
-    base: BaseMechanism, rows: Sequence[dict[str, Any]], args: argparse.Namespace
-) -> dict[str, Any]:
+def _to_json(base: BaseMechanism, rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     clean_rows = [
-        {key: _json_number(value) if isinstance(value, float) else value for key, value in row.items()}
-        for row in rows
+        {key: _json_number(value) if isinstance(value, float) else value for key, value in row.items()} for row in rows
     ]
     return {
         "base": {**base.params, "description": base.description},
@@ -639,13 +669,11 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_to_json(base, rows, args), indent=2, allow_nan=False))
         return 0
-    print("\n".join(_header(base, args.delta, args.success_p, args.generic)))
-    print()
-    print(format_table(rows))
-    print()
-    print("\n".join(_footer()))
+    lines = [*_header(base, args.delta, args.success_p, args.generic), ""]
+    lines += [format_table(rows, ascii_only=not _stdout_is_unicode()), "", *_footer()]
     if args.plot is not None:
-        print(f"Plot written to {args.plot}")
+        lines.append(f"Plot written to {args.plot}")
+    _emit(lines)
     return 0
 
 
@@ -658,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The exit status (usage errors raise SystemExit(2) through argparse).
     """
+    if not _stdout_is_unicode() and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")  # --help has Greek letters too
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.handler(args))

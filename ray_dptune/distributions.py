@@ -335,7 +335,7 @@ class PointMass(RunCountDistribution):
 
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
         with np.errstate(divide="ignore"):
-            return math.log(self._k) + (self._k - 1) * np.log(np.asarray(x, dtype=float))
+            return math.log(self._k) + special.xlogy(self._k - 1, np.asarray(x, dtype=float))
 
     def expected_quantile(self) -> float:
         return self._k / (self._k + 1.0)

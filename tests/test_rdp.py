@@ -182,3 +182,9 @@ def test_epsilon_rejects_bad_delta():
             curve.epsilon(bad)
     with pytest.raises(ValueError, match="epsilon"):
         curve.delta(-1.0)
+
+
+def test_subsampled_profile_accepts_any_order_of_epsilons():
+    profile = subsampled_gaussian_profile(0.05, 1.2, 20)
+    eps = np.array([2.0, 0.5, 1.0])
+    np.testing.assert_array_equal(profile(eps), profile(np.sort(eps))[[2, 0, 1]])

@@ -8,6 +8,7 @@ import dp_accounting
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 from ray_dptune.accounting import RDPCurve, gaussian_profile, generic_repeat_and_select, repeat_and_select
+from ray_dptune.accounting.generic import add_no_run_atom
 from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
 from ray_dptune.distributions import (
     Geometric,
@@ -111,14 +112,29 @@ def test_density_ratio_one_is_the_non_adaptive_bound_and_the_cost_grows_with_it(
 
 
 def test_poisson_theorem_6_by_hand():
+    """Theorem 6's proof with the K = 0 atom kept: log(e^{-μ} + μ e^{(λ-1)(ε + μδ̂)}) / (λ-1)."""
     mu = 10.0
     profile = gaussian_profile(SIGMA)
     ours = poisson_bound(BASE, Poisson(mu), base_delta=profile)
     lam = BASE.orders
-    eps_hat = np.log(lam / (lam - 1))
-    hand = BASE.epsilons + mu * profile(eps_hat) + math.log(mu) / (lam - 1)
+    delta_hat = profile(np.log(lam / (lam - 1)))
+    hand = np.logaddexp(-mu, math.log(mu) + (lam - 1) * (BASE.epsilons + mu * delta_hat)) / (lam - 1)
     assert np.all(ours.epsilons <= hand * (1 + 1e-12))
     assert ours.epsilons[-1] == pytest.approx(hand[-1], rel=1e-12)  # smoothing leaves the top order
+    # never below Theorem 6 as stated, and for μ = 10 the correction is tiny where it matters
+    stated = BASE.epsilons + mu * delta_hat + math.log(mu) / (lam - 1)
+    assert np.all(ours.epsilons >= np.minimum.accumulate(stated[::-1])[::-1] - 1e-12)
+    assert ours.epsilon(1e-6) == pytest.approx(RDPCurve(lam, stated).smoothed().epsilon(1e-6), rel=1e-5)
+
+
+def test_theorem_6_as_stated_is_impossible_for_a_small_mean():
+    """With μ < 1 the stated bound goes negative as λ → 1, but RDP is never negative."""
+    mu, lam = 0.5, 1.01
+    eps = lam / (2 * SIGMA**2)
+    delta_hat = float(gaussian_profile(SIGMA)(np.array([math.log(lam / (lam - 1))]))[0])
+    assert eps + mu * delta_hat + math.log(mu) / (lam - 1) < 0
+    corrected = repeat_and_select(BASE, Poisson(mu), base_delta=gaussian_profile(SIGMA))
+    assert np.all(corrected.epsilons > 0)
 
 
 def test_poisson_with_the_exact_gaussian_profile_beats_the_anchor():
@@ -137,12 +153,16 @@ def _dp_accounting_curve(mean, shape, sigma=SIGMA):
 @pytest.mark.parametrize("shape", [0.0, 0.5, 1.0, np.inf])
 @pytest.mark.parametrize("mean", [1.5, 10.0, 300.0])
 def test_never_looser_than_dp_accounting_on_the_same_base_curve(shape, mean):
+    """Tighter everywhere, once dp_accounting's Poisson curve has its K = 0 atom back."""
     law = Poisson(mean) if shape == np.inf else TruncatedNegativeBinomial.from_mean(shape, mean)
-    theirs = _dp_accounting_curve(mean, shape)
+    theirs = _dp_accounting_curve(mean, shape).rdp
+    if shape == np.inf:
+        theirs = add_no_run_atom((DP_ORDERS - 1) * theirs, math.exp(-mean), DP_ORDERS)
     ours = repeat_and_select(RDPCurve.gaussian(SIGMA, orders=DP_ORDERS), law)
-    assert np.all(ours.epsilons <= theirs.rdp * (1 + 1e-9))
+    assert np.all(ours.epsilons <= theirs * (1 + 1e-9))
     for delta in (1e-10, 1e-6, 1e-3):
-        assert ours.epsilon(delta) <= theirs.get_epsilon(delta) * (1 + 1e-9)
+        their_eps, _ = dp_rdp.compute_epsilon(DP_ORDERS, theirs, delta)
+        assert ours.epsilon(delta) <= their_eps * (1 + 1e-9)
 
 
 def test_same_method_as_dp_accounting_for_poisson_agrees_closely():

@@ -8,7 +8,8 @@ where (q, q') are the probabilities that one [0, 1]-valued post-processing gives
 under Q and Q'. Knowing only the base RDP curve ε(·), every such pair satisfies
 D_α(Bern(q)‖Bern(q')) ≤ ε(α) and D_α(Bern(q')‖Bern(q)) ≤ ε(α) for all α (data
 processing; neighbouring is symmetric), so maximising over that set is a valid
-bound for every law — including those with no closed form.
+bound for every law — including those with no closed form. The mass at K = 0,
+which Lemma 7's proof leaves out, is added back (:func:`add_no_run_atom`).
 
 The maximum is certified, not sampled: f' is non-decreasing (a PGF has
 non-negative coefficients), and the smallest feasible q', b(q), is non-decreasing
@@ -20,16 +21,33 @@ its bisection bracket. The max over cells bounds the true max from above.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.distributions import RunCountDistribution
 
-__all__ = ["generic_repeat_and_select"]
+__all__ = ["add_no_run_atom", "generic_repeat_and_select"]
 
 _BISECTION_STEPS = 48
 _MAX_CONSTRAINT_ORDERS = 48  # fewer constraints = a larger feasible set = still a valid bound
 _CONSTRAINT_SLACK = 1e-9  # relative slack on ε(α): rounding may only enlarge the feasible set
+
+
+def add_no_run_atom(log_moment: np.ndarray, prob_zero: float, orders: np.ndarray) -> np.ndarray:
+    """ε'(λ) = log(P[K=0] + e^{log_moment}) / (λ-1), where log_moment bounds the K ≥ 1 part.
+
+    P&S Lemma 7 bounds Σ_y A(y)^λ A'(y)^{1-λ} over the outputs of runs by
+    e^{(λ-1)D_λ(Q‖Q')} f'(q)^λ f'(q')^{1-λ} (its proof holds verbatim when
+    P[K = 0] > 0: the constant term of f cancels in f(Q(≤y)) - f(Q(<y))). The
+    data-independent output of K = 0 has mass P[K=0] under both inputs and adds
+    P[K=0] to the sum; if it coincides with a run's output, (u, v) ↦ u^λ v^{1-λ}
+    is convex and homogeneous, hence subadditive, and the same bound holds.
+    """
+    with np.errstate(divide="ignore"):
+        log_prob_zero = math.log(prob_zero) if prob_zero > 0 else -np.inf
+    return np.maximum(np.logaddexp(log_prob_zero, log_moment) / (orders - 1.0), 0.0)
 
 
 def _log_probs(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -115,5 +133,5 @@ def generic_repeat_and_select(
         cell = lam * log_fp_high[None, :] + (1.0 - lam) * log_fp_partner[None, :]
     cell = np.where(np.isnan(cell), np.inf, cell)
     worst = cell.max(axis=1)
-    epsilons = base.epsilons + worst / (base.orders - 1.0)
-    return RDPCurve(base.orders, np.maximum(epsilons, 0.0))
+    log_moment = (base.orders - 1.0) * base.epsilons + worst
+    return RDPCurve(base.orders, add_no_run_atom(log_moment, distribution.prob_zero, base.orders))

@@ -131,6 +131,9 @@ def subsampled_gaussian_profile(
 
     def delta(epsilon: np.ndarray) -> np.ndarray:
         eps = np.atleast_1d(np.asarray(epsilon, dtype=float))
-        return np.clip(np.asarray(pld.get_delta_for_epsilon(eps), dtype=float), 0.0, 1.0).reshape(np.shape(epsilon))
+        order = np.argsort(eps)  # dp_accounting wants ascending ε
+        values = np.empty_like(eps)
+        values[order] = np.asarray(pld.get_delta_for_epsilon(eps[order]), dtype=float)
+        return np.clip(values, 0.0, 1.0).reshape(np.shape(epsilon))
 
     return delta

@@ -6,7 +6,7 @@ Bounds, each cited at its formula:
   Theorem 2, kept in the tighter form of the last equality of its proof (App. B.2);
   with an adaptive sampling density in [c, C] × prior, DP-HyPO (Wang et al. 2023,
   arXiv:2306.05734v2) Theorem 1, likewise from the last equality of its proof (App. A);
-* Poisson K: P&S Theorem 6;
+* Poisson K: P&S Theorem 6, corrected for the mass at K = 0 (:func:`poisson_bound`);
 * any law: P&S Lemma 7, maximised numerically (:mod:`ray_dptune.accounting.generic`);
 * a fixed number k of runs: k-fold composition.
 
@@ -21,12 +21,12 @@ from typing import Callable
 
 import numpy as np
 
-from ray_dptune.accounting.generic import generic_repeat_and_select
+from ray_dptune.accounting.generic import add_no_run_atom, generic_repeat_and_select
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.distributions import PointMass, Poisson, RunCountDistribution, TruncatedNegativeBinomial
 from ray_dptune.errors import UnsupportedBoundError
 
-__all__ = ["repeat_and_select", "truncated_negative_binomial_bound", "poisson_bound"]
+__all__ = ["poisson_bound", "repeat_and_select", "truncated_negative_binomial_bound"]
 
 
 def truncated_negative_binomial_bound(
@@ -72,7 +72,14 @@ def truncated_negative_binomial_bound(
 def poisson_bound(
     base: RDPCurve, law: Poisson, *, base_delta: Callable[[np.ndarray], np.ndarray] | None = None
 ) -> RDPCurve:
-    """P&S Theorem 6: ε'(λ) = ε(λ) + μδ̂ + log(μ)/(λ-1) for (ε̂, δ̂)-DP with e^ε̂ ≤ λ/(λ-1).
+    """P&S Theorem 6 with the K = 0 atom restored (see :func:`add_no_run_atom`).
+
+    Theorem 6 states ε'(λ) = ε(λ) + μδ̂ + log(μ)/(λ-1) for (ε̂, δ̂)-DP with
+    e^ε̂ ≤ λ/(λ-1); its proof goes through Lemma 7, which P&S prove for
+    P[K = 0] = 0 only. The statement is false for small μ (negative for μ < 1 as
+    λ → 1) and slightly optimistic for every μ. We return
+    ε'(λ) = log(e^{-μ} + μ e^{(λ-1)(ε(λ) + μδ̂)}) / (λ-1), which is what the
+    proof gives once the atom is kept.
 
     δ̂ is non-increasing in ε̂, so ε̂ takes the largest allowed value,
     log(λ/(λ-1)). δ̂ there is the smaller of the base's exact profile
@@ -92,8 +99,8 @@ def poisson_bound(
                 f"(got shape {exact.shape} for input shape {eps_hat.shape})."
             )
         delta_hat = np.minimum(delta_hat, exact)
-    epsilons = base.epsilons + mu * delta_hat + math.log(mu) / (lam - 1.0)
-    return RDPCurve(lam, np.maximum(epsilons, 0.0)).smoothed()
+    lemma_7_terms = (lam - 1.0) * (base.epsilons + mu * delta_hat) + math.log(mu)
+    return RDPCurve(lam, add_no_run_atom(lemma_7_terms, law.prob_zero, lam)).smoothed()
 
 
 def repeat_and_select(

@@ -1,0 +1,263 @@
+"""Tests of the ``ray-dptune`` command line (fast; no Ray)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
+from ray_dptune.cli import main
+from ray_dptune.distributions import Geometric, Logarithmic, Poisson, TruncatedNegativeBinomial
+
+SIGMA = 5**0.5  # the Gaussian mechanism with σ = √5 is 0.1-zCDP
+SIGMA_TEXT = "2.2360679775"
+DELTA = 1e-6
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    """Runs ``ray-dptune plan ARGS --json`` in process and parses its output."""
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def rows_by_law(report: dict) -> dict[str, dict]:
+    return {row["law"]: row for row in report["rows"]}
+
+
+def test_gaussian_poisson_json_matches_the_library(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "--gaussian", SIGMA_TEXT, "--delta", "1e-6", "--mean", "10", "--law", "poisson")
+    row = rows_by_law(report)["poisson"]
+    sigma = float(SIGMA_TEXT)
+
+    expected = repeat_and_select(RDPCurve.gaussian(sigma), Poisson(10), base_delta=gaussian_profile(sigma)).epsilon(
+        DELTA
+    )
+    assert row["epsilon"] == expected  # same inputs, same code path: bit for bit
+    assert row["epsilon"] == pytest.approx(
+        repeat_and_select(RDPCurve.gaussian(SIGMA), Poisson(10), base_delta=gaussian_profile(SIGMA)).epsilon(DELTA),
+        rel=1e-9,
+    )
+    assert row["composition_runs"] == 10
+    assert row["epsilon_composition"] == (10 * RDPCurve.gaussian(sigma)).epsilon(DELTA)
+    assert row["epsilon"] < row["epsilon_composition"]
+    assert row["ratio"] == pytest.approx(row["epsilon"] / row["epsilon_composition"])
+    assert row["mean"] == 10.0
+    assert row["expected_quantile"] == pytest.approx(1 - (1 - math.exp(-10)) / 10, rel=1e-12)
+    assert row["success_probability"] == pytest.approx(1 - math.exp(-10 * 0.01), rel=1e-12)
+    assert row["epsilon_one_run"] == pytest.approx(RDPCurve.gaussian(sigma).epsilon(DELTA), rel=1e-12)
+    assert report["delta"] == DELTA
+    assert report["base"]["mechanism"] == "gaussian"
+    # The exact profile helps: without it the Poisson bound is looser.
+    assert row["epsilon"] < repeat_and_select(RDPCurve.gaussian(sigma), Poisson(10)).epsilon(DELTA)
+
+
+def test_default_laws_and_their_exact_means(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "--zcdp", "0.1", "--mean", "10", "30")
+    assert [row["law"] for row in report["rows"]] == ["poisson", "logarithmic", "tnb:0.5", "geometric"] * 2
+    base = RDPCurve.zcdp(0.1)
+    for row in report["rows"]:
+        requested = row["requested_mean"]
+        law = {
+            "poisson": Poisson(requested),
+            "logarithmic": Logarithmic.from_mean(requested),
+            "tnb:0.5": TruncatedNegativeBinomial.from_mean(0.5, requested),
+            "geometric": Geometric.from_mean(requested),
+        }[row["law"]]
+        assert row["mean"] == law.mean <= requested
+        assert row["epsilon"] == repeat_and_select(base, law).epsilon(DELTA)
+        assert row["epsilon_composition"] == (int(requested) * base).epsilon(DELTA)
+        assert row["expected_quantile"] == law.expected_quantile()
+        assert row["success_probability"] == law.success_probability(0.01)
+        assert row["epsilon"] < row["epsilon_composition"]
+
+
+def test_success_p_and_composition_rounds_mean_up(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "--zcdp", "0.1", "--mean", "7.5", "--law", "geometric", "--success-p", "0.05")
+    row = rows_by_law(report)["geometric"]
+    law = Geometric.from_mean(7.5)
+    assert row["composition_runs"] == 8
+    assert row["epsilon_composition"] == pytest.approx((8 * RDPCurve.zcdp(0.1)).epsilon(DELTA), rel=1e-12)
+    assert row["success_probability"] == pytest.approx(law.success_probability(0.05), rel=1e-12)
+    assert report["success_p"] == 0.05
+
+
+def test_generic_is_never_looser(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = rows_by_law(run_json(capsys, "--zcdp", "0.1", "--law", "logarithmic"))["logarithmic"]
+    generic = rows_by_law(run_json(capsys, "--zcdp", "0.1", "--law", "logarithmic", "--generic"))["logarithmic"]
+    expected = repeat_and_select(RDPCurve.zcdp(0.1), Logarithmic.from_mean(10), generic=True).epsilon(DELTA)
+    assert generic["epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert generic["epsilon"] <= plain["epsilon"]
+
+
+def test_dpsgd_with_and_without_exact_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--dpsgd", "0.01", "1.0", "100", "--law", "poisson", "--law", "tnb:0.5"]
+    plain = rows_by_law(run_json(capsys, *args))
+    exact = rows_by_law(run_json(capsys, *args, "--exact-profile"))
+    base = RDPCurve.subsampled_gaussian(0.01, 1.0, 100)
+    assert plain["poisson"]["epsilon"] == pytest.approx(repeat_and_select(base, Poisson(10)).epsilon(DELTA), rel=1e-12)
+    assert plain["tnb:0.5"]["epsilon"] == pytest.approx(
+        repeat_and_select(base, TruncatedNegativeBinomial.from_mean(0.5, 10)).epsilon(DELTA), rel=1e-12
+    )
+    # dp_accounting's PLD wants ascending ε, the Poisson bound asks in descending order.
+    profile = subsampled_gaussian_profile(0.01, 1.0, 100)
+
+    def ascending(epsilon: np.ndarray) -> np.ndarray:
+        order = np.argsort(epsilon)
+        out = np.empty_like(epsilon)
+        out[order] = profile(epsilon[order])
+        return out
+
+    assert exact["poisson"]["epsilon"] == repeat_and_select(base, Poisson(10), base_delta=ascending).epsilon(DELTA)
+    assert base.epsilon(DELTA) <= exact["poisson"]["epsilon"] < plain["poisson"]["epsilon"]
+    assert exact["tnb:0.5"]["epsilon"] == plain["tnb:0.5"]["epsilon"]
+
+
+def test_table_has_header_and_a_row_per_law(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gaussian", SIGMA_TEXT, "--mean", "10", "100"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "Gaussian" in lines[0] and "1e-06" in lines[0]
+    for law in ("poisson", "logarithmic", "tnb:0.5", "geometric"):
+        assert sum(line.startswith(law + " ") for line in lines) == 2
+    poisson_row = next(line for line in lines if line.startswith("poisson "))
+    epsilon = repeat_and_select(RDPCurve.gaussian(SIGMA), Poisson(10), base_delta=gaussian_profile(SIGMA)).epsilon(
+        DELTA
+    )
+    assert f"{epsilon:.4f}" in poisson_row
+    assert f"{(10 * RDPCurve.gaussian(SIGMA)).epsilon(DELTA):.4f}" in poisson_row
+    assert "composition" in out
+
+
+def test_repeated_law_is_listed_once(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "--zcdp", "0.1", "--law", "tnb:0.5", "--law", "TNB:.5", "--law", "poisson")
+    assert [row["law"] for row in report["rows"]] == ["tnb:0.5", "poisson"]
+
+
+def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "f.png"
+    assert main(["plan", "--zcdp", "0.1", "--law", "poisson", "--law", "logarithmic", "--plot", str(path)]) == 0
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+    assert str(path) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--zcdp", "0.1", "--law", "nonsense"], "unknown law 'nonsense'"),
+        (["--zcdp", "0.1", "--law", "tnb:-1"], "η must be > -1"),
+        (["--zcdp", "0.1", "--law", "tnb"], "needs its shape"),
+        (["--zcdp", "0.1", "--mean", "0.5", "--law", "logarithmic"], "--mean 0.5 is too small for --law logarithmic"),
+        (["--zcdp", "0.1", "--mean", "1", "--law", "tnb:0.5"], "must be > 1"),
+        (["--zcdp", "0.1", "--mean", "0.5", "--law", "poisson"], "not valid for E[K] < 1"),
+        (["--zcdp", "0.1", "--mean", "-3"], "argument --mean: must be > 0"),
+        (["--zcdp", "0.1", "--delta", "2"], "argument --delta: must lie strictly between 0 and 1"),
+        (["--zcdp", "0.1", "--success-p", "1.5"], "argument --success-p"),
+        (["--gaussian", "abc"], "argument --gaussian: expected a number"),
+        (["--gaussian", "inf"], "expected a finite number"),
+        (["--zcdp", "0"], "argument --zcdp: must be > 0"),
+        (["--dpsgd", "2", "1", "10"], "SAMPLE_RATE must lie in (0, 1]"),
+        (["--dpsgd", "0.1", "1", "1.5"], "STEPS must be a whole number"),
+        (["--zcdp", "0.1", "--exact-profile"], "--exact-profile only applies to --dpsgd"),
+        (["--zcdp", "0.1", "--gaussian", "1"], "not allowed with"),
+        ([], "one of the arguments --gaussian --dpsgd --zcdp is required"),
+        (["--zcdp", "0.1", "--plot", "/no/such/folder/f.png"], "does not exist"),
+        (["--zcdp", "0.1", "--plot", "f.notanimage"], "unknown image format"),
+    ],
+)
+def test_invalid_input_is_a_usage_error(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("ray-dptune plan: error:")
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err
+
+
+def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in (
+        "--gaussian",
+        "--dpsgd",
+        "--zcdp",
+        "--exact-profile",
+        "--delta",
+        "--law",
+        "--mean",
+        "--success-p",
+        "--generic",
+        "--json",
+        "--plot",
+    ):
+        assert option in out
+
+
+def test_cli_module_does_not_import_ray_or_torch() -> None:
+    code = "import sys, ray_dptune.cli; print(any(m.split('.')[0] in ('ray', 'torch') for m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def _console_script() -> str:
+    local = Path(sys.executable).parent / "ray-dptune"
+    if local.exists():
+        return str(local)
+    found = shutil.which("ray-dptune")
+    if found is None:
+        pytest.skip("the ray-dptune console script is not installed (pip install -e .)")
+    return found
+
+
+def test_console_script_runs() -> None:
+    result = subprocess.run(
+        [_console_script(), "plan", "--zcdp", "0.1", "--mean", "10"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "poisson" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_python_dash_m_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ray_dptune.cli", "plan", "--zcdp", "0.1", "--law", "geometric", "--json"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rows"][0]["law"] == "geometric"
+
+
+def test_console_script_usage_error_exit_status() -> None:
+    result = subprocess.run(
+        [_console_script(), "plan", "--zcdp", "0.1", "--law", "nonsense"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "unknown law" in result.stderr and "Traceback" not in result.stderr
