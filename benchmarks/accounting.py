@@ -45,14 +45,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import scipy
-
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS

@@ -8,8 +8,8 @@ Subcommands:
   of the same number of runs, with the utility side of each law (expected quantile
   of the released run, chance that some run succeeds).
 
-Only numpy/scipy/dp_accounting are imported at module level, so ``plan`` starts
-fast; subcommands that need Ray or torch must import them inside their function.
+Only numpy and scipy are imported at module level, so ``plan`` starts fast;
+subcommands that need Ray or torch import them inside their function.
 
 Example:
     ray-dptune plan --gaussian 2.236 --delta 1e-6 --mean 10 100 --plot eps.png
@@ -18,20 +18,18 @@ Example:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import logging
 import math
-import sys
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
+from ray_dptune.accounting.mechanisms import DeltaProfile
 from ray_dptune.distributions import (
     Geometric,
     Logarithmic,
@@ -51,8 +49,6 @@ DEFAULT_LAWS = ("poisson", "logarithmic", "tnb:0.5", "geometric")
 PLOT_POINTS = 25
 PLOT_MAX_MEAN = 1000.0
 
-DeltaProfile = Callable[[np.ndarray], np.ndarray]
-
 
 # ---------------------------------------------------------------------- value types
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +64,6 @@ class LawSpec:
     name: str
     kind: str
     eta: float | None = None
-
-    @property
-    def needs_mean_above_one(self) -> bool:
-        """True for the truncated negative binomial family, whose K is always >= 1."""
-        return self.kind != "poisson"
 
     def build(self, mean: float) -> RunCountDistribution:
         """The law with this shape and (up to rounding down, for TNB laws) this mean.
@@ -255,7 +246,7 @@ def _add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=[DEFAULT_MEAN],
         metavar="MEAN",
         help=f"one or more expected numbers of runs E[K] (default: {DEFAULT_MEAN:g}); "
-        "must be >= 1 for poisson and > 1 for the other laws.",
+        "must be > 1 for the laws other than poisson, which always run at least once.",
     )
     search.add_argument(
         "--success-p",
@@ -285,36 +276,6 @@ def _add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------- base mechanism
-@contextlib.contextmanager
-def _quiet_absl() -> Iterator[None]:
-    """Silences dp_accounting's per-order warnings (orders it cannot bound are set to inf)."""
-    logger = logging.getLogger("absl")
-    previous = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
-
-
-def _ascending_profile(profile: DeltaProfile) -> DeltaProfile:
-    """Evaluates ``profile`` on sorted ε and returns δ in the caller's order.
-
-    dp_accounting's PLD accountant only accepts ascending ε, while the Poisson bound
-    asks for ε̂ = log(λ/(λ-1)), which decreases along the orders.
-    """
-
-    def delta(epsilon: np.ndarray) -> np.ndarray:
-        eps = np.asarray(epsilon, dtype=float)
-        flat = eps.ravel()
-        order = np.argsort(flat, kind="stable")
-        out = np.empty_like(flat)
-        out[order] = np.asarray(profile(flat[order]), dtype=float).ravel()
-        return out.reshape(eps.shape)
-
-    return delta
-
-
 def _parse_dpsgd(values: Sequence[str]) -> tuple[float, float, int]:
     """Validates ``--dpsgd SAMPLE_RATE SIGMA STEPS``.
 
@@ -360,9 +321,8 @@ def _build_base(args: argparse.Namespace) -> BaseMechanism:
         )
     if args.dpsgd is not None:
         rate, sigma, steps = _parse_dpsgd(args.dpsgd)
-        with _quiet_absl():
-            curve = RDPCurve.subsampled_gaussian(rate, sigma, steps)
-        profile = _ascending_profile(subsampled_gaussian_profile(rate, sigma, steps)) if args.exact_profile else None
+        curve = RDPCurve.subsampled_gaussian(rate, sigma, steps)
+        profile = subsampled_gaussian_profile(rate, sigma, steps) if args.exact_profile else None
         profile_note = ", exact PLD profile for poisson" if args.exact_profile else ""
         return BaseMechanism(
             curve=curve,
@@ -390,28 +350,6 @@ def _unique_laws(laws: Sequence[LawSpec] | None) -> list[LawSpec]:
     """The requested laws in order, without repeats; the defaults when none were given."""
     specs = list(laws) if laws else [parse_law(name) for name in DEFAULT_LAWS]
     return list(dict.fromkeys(specs))
-
-
-def _check_means(laws: Sequence[LawSpec], means: Sequence[float]) -> None:
-    """Raises ValueError for a mean that no bound covers correctly.
-
-    A truncated negative binomial law always runs K >= 1 times, so its mean is > 1.
-    For Poisson, P&S Theorem 6 (and Lemma 7) turn negative at small orders when
-    E[K] < 1 (the log(E[K])/(λ-1) term), which would report ε = 0 for a search that
-    is not 0-DP; such means are refused.
-    """
-    for spec in laws:
-        for mean in means:
-            if spec.needs_mean_above_one and mean <= 1.0:
-                raise ValueError(
-                    f"--mean {mean:g} is too small for --law {spec.name}: this law always runs K >= 1 times, "
-                    "so its mean must be > 1"
-                )
-            if not spec.needs_mean_above_one and mean < 1.0:
-                raise ValueError(
-                    f"--mean {mean:g} is too small for --law {spec.name}: the Poisson bound (P&S Theorem 6) "
-                    "is not valid for E[K] < 1 (it would report ε = 0); use a mean >= 1"
-                )
 
 
 def search_epsilon(base: BaseMechanism, law: RunCountDistribution, delta: float, *, generic: bool = False) -> float:
@@ -514,14 +452,9 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def format_table(rows: Sequence[dict[str, Any]], *, ascii_only: bool = False) -> str:
-    """The rows as an aligned text table (law left-aligned, numbers right-aligned).
-
-    Args:
-        rows: rows from :func:`plan_rows`.
-        ascii_only: spell Greek letters out in the column titles.
-    """
-    cells = [[title.translate(_ASCII_NAMES) if ascii_only else title for title, _, _ in _COLUMNS]]
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows from :func:`plan_rows` as an aligned text table."""
+    cells = [[title for title, _, _ in _COLUMNS]]
     for row in rows:
         cells.append([_cell(row[key], spec) for _, key, spec in _COLUMNS])
     widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
@@ -540,25 +473,6 @@ def _footer() -> list[str]:
         "E[K]: exact mean of the law (a truncated negative binomial's is the largest not above --mean).",
         "k = ceil(mean) runs all released, by composition; ratio = ε search / ε compose k.",
     ]
-
-
-_ASCII_NAMES = str.maketrans({"ε": "eps", "δ": "delta", "σ": "sigma", "ρ": "rho", "η": "eta", "λ": "lambda"})
-
-
-def _stdout_is_unicode() -> bool:
-    """Whether stdout can print the Greek letters of the table (not so on some consoles)."""
-    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
-    try:
-        "εδσρηλ".encode(encoding)
-    except (UnicodeEncodeError, LookupError):
-        return False
-    return True
-
-
-def _emit(lines: Sequence[str]) -> None:
-    """Prints ``lines``, spelling Greek letters out where stdout cannot encode them."""
-    text = "\n".join(lines)
-    print(text if _stdout_is_unicode() else text.translate(_ASCII_NAMES))
 
 
 def _json_number(value: float) -> float | None:
@@ -654,7 +568,6 @@ def _run_plan(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.subparser
     laws = _unique_laws(args.law)
     try:
-        _check_means(laws, args.mean)
         if args.plot is not None:
             _check_plot_path(args.plot)
         base = _build_base(args)
@@ -670,10 +583,10 @@ def _run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(_to_json(base, rows, args), indent=2, allow_nan=False))
         return 0
     lines = [*_header(base, args.delta, args.success_p, args.generic), ""]
-    lines += [format_table(rows, ascii_only=not _stdout_is_unicode()), "", *_footer()]
+    lines += [format_table(rows), "", *_footer()]
     if args.plot is not None:
         lines.append(f"Plot written to {args.plot}")
-    _emit(lines)
+    print("\n".join(lines))
     return 0
 
 
@@ -686,8 +599,6 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The exit status (usage errors raise SystemExit(2) through argparse).
     """
-    if not _stdout_is_unicode() and hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="replace")  # --help has Greek letters too
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.handler(args))

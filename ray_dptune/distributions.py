@@ -22,14 +22,14 @@ import numpy as np
 from scipy import integrate, special
 
 __all__ = [
-    "RunCountDistribution",
-    "Poisson",
-    "TruncatedNegativeBinomial",
-    "Logarithmic",
     "Geometric",
+    "Logarithmic",
     "PointMass",
-    "secure_rng",
+    "Poisson",
+    "RunCountDistribution",
+    "TruncatedNegativeBinomial",
     "distribution_from_dict",
+    "secure_rng",
 ]
 
 RngLike = np.random.Generator | int | None
@@ -245,7 +245,9 @@ class TruncatedNegativeBinomial(RunCountDistribution):
             log_terms = log_terms - np.log(ks)
         else:
             # |Π_{l<k} (l+η)/(l+1)| = |Γ(k+η) / (Γ(η) Γ(k+1))|; its sign matches γ^{-η}-1.
-            log_terms = log_terms + special.gammaln(ks + self._eta) - special.gammaln(ks + 1.0) - special.gammaln(self._eta)
+            log_terms = (
+                log_terms + special.gammaln(ks + self._eta) - special.gammaln(ks + 1.0) - special.gammaln(self._eta)
+            )
         return np.where(valid, np.exp(log_terms), 0.0)
 
     def pgf(self, x: Any) -> np.ndarray:

@@ -16,8 +16,8 @@ from ray_dptune.accounting.selection import repeat_and_select
 __all__ = [
     "DEFAULT_ORDERS",
     "RDPCurve",
-    "generic_repeat_and_select",
     "gaussian_profile",
+    "generic_repeat_and_select",
     "repeat_and_select",
     "subsampled_gaussian_profile",
 ]

@@ -100,9 +100,7 @@ def _q_grid(distribution: RunCountDistribution, size: int) -> np.ndarray:
     return np.unique(np.concatenate([uniform, ends, 1.0 - ends, hi, [0.0, 1.0]]))
 
 
-def generic_repeat_and_select(
-    base: RDPCurve, distribution: RunCountDistribution, *, grid_size: int = 2048
-) -> RDPCurve:
+def generic_repeat_and_select(base: RDPCurve, distribution: RunCountDistribution, *, grid_size: int = 2048) -> RDPCurve:
     """RDP of best-of-K from P&S Lemma 7 alone, maximised over all feasible (q, q').
 
     Args:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ray_dptune.accounting import mechanisms
 
-__all__ = ["RDPCurve", "DEFAULT_ORDERS"]
+__all__ = ["DEFAULT_ORDERS", "RDPCurve"]
 
 
 def _default_orders() -> np.ndarray:

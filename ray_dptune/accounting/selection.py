@@ -17,7 +17,7 @@ applies monotonicity in the order (P&S Remark 5).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -55,17 +55,13 @@ def truncated_negative_binomial_bound(
     if lam_hat.size == 0:
         return RDPCurve(base.orders, np.full_like(base.epsilons, np.inf))
     exponent = -(lam_hat - 1.0) * eps_hat - lam_hat * log_ratio
-    hat_terms = (1.0 + eta) * (
-        (1.0 - 1.0 / lam_hat) * eps_hat + log_ratio + np.logaddexp(log_odds, exponent) / lam_hat
-    )
+    hat_terms = (1.0 + eta) * ((1.0 - 1.0 / lam_hat) * eps_hat + log_ratio + np.logaddexp(log_odds, exponent) / lam_hat)
     # λ̂ = 1: the terms tend to (1+η)(L + log(1/γ - 1 + e^{-L})) as λ̂ → 1.
     at_one = (1.0 + eta) * (log_ratio + np.logaddexp(log_odds, -log_ratio))
     selection_cost = min(float(hat_terms.min()), float(at_one))
 
     lam = base.orders
-    epsilons = (
-        base.epsilons + lam / (lam - 1.0) * log_ratio + math.log(law.mean) / (lam - 1.0) + selection_cost
-    )
+    epsilons = base.epsilons + lam / (lam - 1.0) * log_ratio + math.log(law.mean) / (lam - 1.0) + selection_cost
     return RDPCurve(lam, np.maximum(epsilons, 0.0)).smoothed()
 
 
@@ -131,17 +127,16 @@ def repeat_and_select(
         UnsupportedBoundError: ``density_ratio > 1`` with a law for which no
             theorem bounds adaptive search (only the truncated negative binomial,
             DP-HyPO Theorem 1, and a fixed k, by composition, are covered).
+        TypeError: ``base`` or ``distribution`` of the wrong type.
         ValueError: invalid arguments.
     """
     if not isinstance(base, RDPCurve):
-        raise ValueError(f"base must be an RDPCurve, got {type(base).__name__}.")
+        raise TypeError(f"base must be an RDPCurve, got {type(base).__name__}.")
     if not isinstance(distribution, RunCountDistribution):
-        raise ValueError(f"distribution must be a RunCountDistribution, got {type(distribution).__name__}.")
+        raise TypeError(f"distribution must be a RunCountDistribution, got {type(distribution).__name__}.")
     density_ratio = float(density_ratio)
     if math.isnan(density_ratio) or math.isinf(density_ratio) or density_ratio < 1.0:
-        raise ValueError(
-            f"density_ratio = C/c must be a finite number >= 1 (c <= 1 <= C), got {density_ratio}."
-        )
+        raise ValueError(f"density_ratio = C/c must be a finite number >= 1 (c <= 1 <= C), got {density_ratio}.")
     if base_delta is not None and not isinstance(distribution, Poisson):
         raise ValueError("base_delta is only used by the Poisson bound (P&S Theorem 6); drop it for this law.")
     adaptive = density_ratio > 1.0
