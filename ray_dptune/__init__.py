@@ -2,14 +2,33 @@
 
 One honest (ε, δ) for a whole search: a random number of DP trials (Papernot &
 Steinke 2022), adaptive bounded-density sampling (DP-HyPO), and a callback that
-composes what every trial spent.
+composes what every trial spent. The Ray-facing names load lazily, so the
+accounting can be used without importing Ray.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from ray_dptune.accounting import RDPCurve, repeat_and_select
+from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
+from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "RandomCountSearcher": "ray_dptune.search.random_count",
+    "PrivacyAccountantCallback": "ray_dptune.callbacks",
+    "PrivacyGuardScheduler": "ray_dptune.schedulers",
+    "check_scheduler": "ray_dptune.schedulers",
+    "private_tune_config": "ray_dptune.schedulers",
+    "ReleasedTrial": "ray_dptune.release",
+    "release_best": "ray_dptune.release",
+    "dp_trainable": "ray_dptune.training",
+}
 
 __all__ = [
     "Geometric",
@@ -18,7 +37,16 @@ __all__ = [
     "Poisson",
     "PrivacyError",
     "RDPCurve",
+    "TrialSpend",
     "TruncatedNegativeBinomial",
     "UnsupportedBoundError",
+    "calibrate_noise_multiplier",
     "repeat_and_select",
+    *_LAZY,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ray_dptune' has no attribute {name!r}")

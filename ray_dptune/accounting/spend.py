@@ -1,0 +1,107 @@
+"""What one trial spends: DP-SGD steps plus noisy score releases, as a value.
+
+A trial describes its privacy cost by the parameters accounting needs, nothing
+more (as dp_accounting's DpEvents do); :meth:`TrialSpend.curve` interprets them.
+The same record serves as a trial's *plan* (what it may spend) and as what it has
+*spent* so far, and travels through Ray Tune results as a plain dict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ray_dptune.accounting.rdp import RDPCurve
+
+__all__ = ["TrialSpend", "curve_from_report"]
+
+
+@dataclass(frozen=True)
+class TrialSpend:
+    """DP-SGD with Poisson sampling, then ``score_releases`` Gaussian score releases.
+
+    Attributes:
+        sample_rate: Poisson sampling rate q of DP-SGD (batch size / dataset size).
+        noise_multiplier: σ of DP-SGD (noise std / clipping norm).
+        steps: DP-SGD steps taken (spent) or allowed (plan).
+        score_noise_multiplier: σ of the Gaussian noise added to each released
+            score of sensitivity 1 (e.g. a validation accuracy computed on n private
+            examples, scaled by n); None when the score is computed on public data.
+        score_releases: number of noisy scores released.
+    """
+
+    sample_rate: float
+    noise_multiplier: float
+    steps: int
+    score_noise_multiplier: float | None = None
+    score_releases: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < float(self.sample_rate) <= 1.0:
+            raise ValueError(f"sample_rate must lie in (0, 1], got {self.sample_rate}.")
+        if not float(self.noise_multiplier) > 0 or math.isinf(self.noise_multiplier):
+            raise ValueError(f"noise_multiplier must be a finite number > 0, got {self.noise_multiplier}.")
+        for name in ("steps", "score_releases"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
+        if self.score_releases and self.score_noise_multiplier is None:
+            raise ValueError("score_releases > 0 needs score_noise_multiplier (the σ of the score's noise).")
+        if self.score_noise_multiplier is not None and not float(self.score_noise_multiplier) > 0:
+            raise ValueError(f"score_noise_multiplier must be > 0, got {self.score_noise_multiplier}.")
+
+    def curve(self, orders: np.ndarray | None = None) -> RDPCurve:
+        """The RDP curve: subsampled Gaussian over the steps, composed with the scores."""
+        curve = RDPCurve.subsampled_gaussian(self.sample_rate, self.noise_multiplier, self.steps, orders)
+        if self.score_releases:
+            curve = curve + self.score_releases * RDPCurve.gaussian(self.score_noise_multiplier, curve.orders)
+        return curve
+
+    def covers(self, other: TrialSpend) -> bool:
+        """True when ``other`` can spend no more than this record, order by order.
+
+        Fast path for records with the same noise and sample rate (more steps or
+        releases always cost more); otherwise the curves are compared.
+        """
+        same_mechanism = (
+            other.sample_rate == self.sample_rate
+            and other.noise_multiplier == self.noise_multiplier
+            and other.score_noise_multiplier in (None, self.score_noise_multiplier)
+        )
+        if same_mechanism:
+            return other.steps <= self.steps and other.score_releases <= self.score_releases
+        return self.curve().dominates(other.curve())
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what a trainable reports)."""
+        return {"kind": "dpsgd", **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, record: Any) -> TrialSpend:
+        """Reads :meth:`to_dict`; anything else raises ValueError naming the problem."""
+        if not isinstance(record, dict) or record.get("kind") != "dpsgd":
+            raise ValueError(f"Not a DP-SGD spend record (need a dict with kind='dpsgd'): {record!r}")
+        fields = {k: v for k, v in record.items() if k != "kind"}
+        try:
+            return cls(**fields)
+        except TypeError as error:
+            raise ValueError(f"Malformed DP-SGD spend record {record!r}: {error}") from error
+
+
+def curve_from_report(record: Any) -> RDPCurve:
+    """An RDP curve from a trial's report: a :class:`TrialSpend` dict or an RDPCurve dict.
+
+    Raises:
+        ValueError: the record is neither.
+    """
+    if isinstance(record, dict) and record.get("kind") == "dpsgd":
+        return TrialSpend.from_dict(record).curve()
+    if isinstance(record, dict) and "orders" in record:
+        return RDPCurve.from_dict(record)
+    raise ValueError(
+        "A privacy report must be a TrialSpend dict (kind='dpsgd') or an RDPCurve dict "
+        f"(orders, epsilons); got {record!r}."
+    )

@@ -1,0 +1,118 @@
+"""release_best: what a private search may release, and nothing more."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from ray_dptune.callbacks import REPORT_FILE
+from ray_dptune.errors import PrivacyError
+
+__all__ = ["ReleasedTrial", "release_best"]
+
+
+@dataclass(frozen=True)
+class ReleasedTrial:
+    """The selected trial, the only output the privacy guarantee covers.
+
+    Attributes:
+        config: its hyperparameters.
+        score: its final reported score (the selection metric).
+        checkpoint_path: its last checkpoint, or None.
+        guarantee: the whole search's (ε, δ) and what it covers, from the privacy report.
+    """
+
+    config: dict[str, Any]
+    score: float | None
+    checkpoint_path: str | None
+    guarantee: dict[str, Any]
+
+
+def release_best(
+    results_or_path: Any, *, metric: str | None = None, mode: str | None = None, purge: bool = False
+) -> ReleasedTrial:
+    """Returns only the best trial of a private search; ``purge=True`` deletes the others.
+
+    Selection uses each trial's *last* reported score (the run's output, as in
+    Papernot & Steinke's "return the best of the K runs").
+
+    Args:
+        results_or_path: a ``ResultGrid`` from ``Tuner.fit()`` or an experiment folder.
+        metric: selection metric (default: the one the search was tuned on).
+        mode: "max" or "min" (default: the search's).
+        purge: delete every other trial's folder (results, checkpoints), so that only
+            what the guarantee covers remains on disk.
+
+    Raises:
+        PrivacyError: no privacy report in the experiment folder (the search ran
+            without PrivacyAccountantCallback), so no guarantee can be stated.
+    """
+    from ray import tune
+
+    if isinstance(results_or_path, (str, os.PathLike)):
+        experiment_path = str(results_or_path)
+        trials = tune.ExperimentAnalysis(experiment_path).trials
+    else:
+        experiment_path = results_or_path.experiment_path
+        trials = list(results_or_path)
+    if not trials:
+        return ReleasedTrial(
+            config={},
+            score=None,
+            checkpoint_path=None,
+            guarantee={"note": "No trial ran (K = 0): the release is independent of the data."},
+        )
+    report = _read_report(experiment_path)
+    metric, mode = metric or report.get("metric"), mode or report.get("mode")
+    if metric is None or mode not in ("max", "min"):
+        raise ValueError("Give metric= and mode='max'|'min': the search did not record them.")
+
+    candidates = [(_last_metrics(trial).get(metric), trial) for trial in trials]
+    candidates = [(score, trial) for score, trial in candidates if isinstance(score, (int, float))]
+    if not candidates:
+        raise ValueError(f"No trial reported the metric {metric!r}; nothing to select.")
+    sign = 1.0 if mode == "max" else -1.0
+    score, best = max(candidates, key=lambda pair: sign * pair[0])
+    released = ReleasedTrial(
+        config=dict(best.config),
+        score=float(score),
+        checkpoint_path=_checkpoint_path(best),
+        guarantee={**report["guarantee"], "covers": report["covers"]},
+    )
+    if purge:
+        keep = os.path.realpath(_trial_path(best))
+        for _, trial in candidates:
+            path = _trial_path(trial)
+            if path and os.path.realpath(path) != keep and os.path.isdir(path):
+                shutil.rmtree(path)
+    return released
+
+
+def _read_report(experiment_path: str) -> dict[str, Any]:
+    path = os.path.join(experiment_path, REPORT_FILE)
+    if not os.path.exists(path):
+        raise PrivacyError(
+            f"No {REPORT_FILE} in {experiment_path}: the search ran without PrivacyAccountantCallback, "
+            "so it has no privacy guarantee to release with."
+        )
+    with open(path) as file:
+        return json.load(file)
+
+
+def _last_metrics(trial: Any) -> dict[str, Any]:
+    return getattr(trial, "metrics", None) or getattr(trial, "last_result", None) or {}
+
+
+def _trial_path(trial: Any) -> str | None:
+    return getattr(trial, "path", None) or getattr(trial, "local_path", None)
+
+
+def _checkpoint_path(trial: Any) -> str | None:
+    checkpoint = getattr(trial, "checkpoint", None)
+    if checkpoint is None and hasattr(trial, "latest_checkpoint_result"):
+        result = trial.latest_checkpoint_result
+        checkpoint = result.checkpoint if result else None
+    return getattr(checkpoint, "path", None)

@@ -1,0 +1,5 @@
+"""Ray Tune searchers whose whole search is differentially private."""
+
+from ray_dptune.search.random_count import RandomCountSearcher
+
+__all__ = ["RandomCountSearcher"]

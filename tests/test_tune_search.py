@@ -1,0 +1,208 @@
+"""Private random search in a real Ray Tune run (one shared local Ray session).
+
+The trainables here report a DP-SGD spend record without training, so each trial
+costs Ray's overhead only; tests/test_trainable.py covers real DP-SGD.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+from ray_dptune import (
+    PointMass,
+    Poisson,
+    PrivacyAccountantCallback,
+    PrivacyError,
+    RandomCountSearcher,
+    TrialSpend,
+    private_tune_config,
+    release_best,
+    repeat_and_select,
+)
+from ray_dptune.callbacks import REPORT_FILE
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
+SPACE = {"x": tune.uniform(0.0, 1.0), "width": tune.choice([1, 2, 3])}
+DELTA = 1e-5
+
+
+def fake_dp_trainable(config):
+    """Reports a score and its spend after each of 4 'epochs' of 10 steps."""
+    for epoch in range(1, 5):
+        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, 10 * epoch)
+        tune.report({"score": config["x"] + 0.01 * epoch, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
+
+
+def run(tmp_path, searcher, trainable=fake_dp_trainable, name="search", failure=None, **callback_args):
+    callback = PrivacyAccountantCallback(searcher, delta=DELTA, **callback_args)
+    tuner = tune.Tuner(
+        trainable,
+        param_space=SPACE,
+        tune_config=private_tune_config(searcher, max_concurrent_trials=2),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(tmp_path),
+            callbacks=[callback],
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=failure or 0),
+        ),
+    )
+    return tuner.fit(), callback
+
+
+def read_report(results):
+    with open(os.path.join(results.experiment_path, REPORT_FILE)) as file:
+        return json.load(file)
+
+
+def seed_with(law, k):
+    """A seed whose searcher draws K = k."""
+    return next(s for s in range(10_000) if RandomCountSearcher(law, seed=s).num_trials == k)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_exactly_k_trials_run(tmp_path, k):
+    law = Poisson(1.5)
+    searcher = RandomCountSearcher(law, metric="score", mode="max", seed=seed_with(law, k))
+    results, callback = run(tmp_path, searcher, name=f"k{k}")
+    assert len(results) == k
+    report = read_report(results) if k else callback.report()
+    assert report["num_trials_planned"] == k == report["num_trials_started"]
+    if k == 0:
+        assert release_best(results).config == {}  # nothing ran: a data-independent release
+    else:
+        expected = repeat_and_select(PLAN.curve(), law).epsilon(DELTA)
+        assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
+        assert report["guarantee"]["failed_attempts"] == 0
+        assert all(len(t["attempts"]) == 1 for t in report["trials"].values())
+        assert {t["attempts"][0]["status"] for t in report["trials"].values()} == {"completed"}
+
+
+def test_report_and_release_of_the_best_trial_only(tmp_path):
+    searcher = RandomCountSearcher(PointMass(4), metric="score", mode="max", seed=7)
+    results, _ = run(tmp_path, searcher, plan=PLAN)
+    report = read_report(results)
+    assert report["law"] == {"law": "point_mass", "k": 4}
+    assert report["plan"] == PLAN.to_dict()
+    assert report["seed"] == 7 and report["metric"] == "score" and report["mode"] == "max"
+    assert "released output only" in report["covers"]
+    assert report["score_privacy"].startswith("public validation data")
+    assert report["guarantee"]["epsilon"] == pytest.approx((4 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+    for trial in report["trials"].values():
+        assert trial["attempts"][0]["spent"] == PLAN.to_dict()
+
+    scores = [r.metrics["score"] for r in results]
+    released = release_best(results, purge=True)
+    assert released.score == max(scores)
+    assert released.guarantee["epsilon"] == report["guarantee"]["epsilon"]
+    remaining = [
+        d for d in os.listdir(results.experiment_path) if os.path.isdir(os.path.join(results.experiment_path, d))
+    ]
+    assert len(remaining) == 1  # the other trials' results are gone
+
+
+def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
+    marker = tmp_path / "failed-once"
+
+    def flaky(config):
+        fake_dp_trainable(config) if marker.exists() else None
+        if not marker.exists():
+            tune.report({"score": 0.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(0.05, 1.5, 10).to_dict()})
+            marker.touch()
+            raise RuntimeError("simulated node loss")
+
+    law = PointMass(1)
+    results, callback = run(tmp_path, RandomCountSearcher(law, metric="score", mode="max", seed=1), flaky, failure=1)
+    report = read_report(results)
+    attempts = next(iter(report["trials"].values()))["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "completed"]
+    # the failed attempt may have spent up to its plan: composed on top of the selection bound
+    assert report["guarantee"]["epsilon"] == pytest.approx((2 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+    assert report["guarantee"]["epsilon"] > PLAN.curve().epsilon(DELTA)
+
+
+def test_spending_above_the_plan_stops_the_search(tmp_path):
+    def greedy(config):
+        tune.report({"score": 1.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(0.05, 1.5, 41).to_dict()})
+
+    with pytest.raises(Exception, match="above its plan"):
+        run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), greedy)
+
+
+def test_a_result_without_a_privacy_report_stops_the_search(tmp_path):
+    def silent(config):
+        tune.report({"score": 1.0})
+
+    with pytest.raises(Exception, match="without a valid 'dp_plan'"):
+        run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), silent)
+
+
+def test_a_plan_above_the_target_is_refused_before_training(tmp_path):
+    ran = tmp_path / "ran"
+
+    def touch(config):
+        ran.touch()
+        fake_dp_trainable(config)
+
+    with pytest.raises(Exception, match="above target_epsilon"):
+        run(tmp_path, RandomCountSearcher(Poisson(8), seed=1), touch, plan=PLAN, target_epsilon=0.5)
+    assert not ran.exists()
+
+
+def test_truncating_k_is_refused(tmp_path):
+    searcher = RandomCountSearcher(PointMass(5), metric="score", mode="max", seed=1)
+    tuner = tune.Tuner(
+        fake_dp_trainable,
+        param_space=SPACE,
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=2),
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path), verbose=0, callbacks=[PrivacyAccountantCallback(searcher, delta=DELTA)]
+        ),
+    )
+    with pytest.raises(Exception, match="num_samples=-1"):
+        tuner.fit()
+    with pytest.raises(PrivacyError, match="num_samples"):
+        private_tune_config(searcher, num_samples=3)
+
+
+def test_adaptive_early_stopping_is_refused(tmp_path):
+    searcher = RandomCountSearcher(PointMass(2), metric="score", mode="max", seed=1)
+    with pytest.raises(PrivacyError, match="AsyncHyperBandScheduler stops or pauses trials"):
+        private_tune_config(searcher, scheduler=ASHAScheduler())
+
+    def stopped_early(config):  # what ASHA does to a trial: it ends before its plan
+        tune.report({"score": 1.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(0.05, 1.5, 10).to_dict()})
+
+    with pytest.raises(Exception, match="stopped early"):
+        run(tmp_path, searcher, stopped_early)
+
+
+def test_searcher_restores_k_and_its_random_stream():
+    searcher = RandomCountSearcher(Poisson(20), metric="score", mode="max", space=SPACE)
+    first = [searcher.suggest(f"t{i}") for i in range(3)]
+    state = searcher.get_state()
+    again = RandomCountSearcher(Poisson(20), seed=0)
+    again.set_state(state)
+    assert again.num_trials == searcher.num_trials
+    assert [again.suggest(f"t{i}") for i in range(3, 6)] == [searcher.suggest(f"t{i}") for i in range(3, 6)]
+    assert first  # configurations come from the space
+    assert all(0.0 <= c["x"] <= 1.0 and c["width"] in (1, 2, 3) for c in first)
+
+
+def test_sampling_is_uniform_over_the_space():
+    searcher = RandomCountSearcher(
+        PointMass(4000), space={"x": tune.uniform(0, 1), "g": tune.grid_search([1, 2])}, seed=3
+    )
+    configs = [searcher.suggest(str(i)) for i in range(4000)]
+    xs = np.array([c["x"] for c in configs])
+    from scipy import stats
+
+    assert stats.kstest(xs, "uniform").pvalue > 1e-3
+    assert abs(np.mean([c["g"] == 1 for c in configs]) - 0.5) < 0.04
+    assert searcher.suggest("last") == "FINISHED"
