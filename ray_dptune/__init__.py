@@ -35,14 +35,21 @@ __all__ = [
     "Logarithmic",
     "PointMass",
     "Poisson",
+    "PrivacyAccountantCallback",
     "PrivacyError",
+    "PrivacyGuardScheduler",
     "RDPCurve",
+    "RandomCountSearcher",
+    "ReleasedTrial",
     "TrialSpend",
     "TruncatedNegativeBinomial",
     "UnsupportedBoundError",
     "calibrate_noise_multiplier",
+    "check_scheduler",
+    "dp_trainable",
+    "private_tune_config",
+    "release_best",
     "repeat_and_select",
-    *_LAZY,
 ]
 
 

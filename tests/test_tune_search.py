@@ -118,7 +118,7 @@ def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
             raise RuntimeError("simulated node loss")
 
     law = PointMass(1)
-    results, callback = run(tmp_path, RandomCountSearcher(law, metric="score", mode="max", seed=1), flaky, failure=1)
+    results, _ = run(tmp_path, RandomCountSearcher(law, metric="score", mode="max", seed=1), flaky, failure=1)
     report = read_report(results)
     attempts = next(iter(report["trials"].values()))["attempts"]
     assert [a["status"] for a in attempts] == ["failed", "completed"]

@@ -20,9 +20,9 @@ __all__ = ["check_space", "sample_config"]
 
 
 def check_space(space: dict[str, Any]) -> None:
-    """Raises ValueError for a space that is not a dict of Tune domains and constants."""
+    """Raises TypeError for a space that is not a dict of Tune domains and constants."""
     if not isinstance(space, dict):
-        raise ValueError(f"The search space must be a dict (Tune's param_space), got {type(space).__name__}.")
+        raise TypeError(f"The search space must be a dict (Tune's param_space), got {type(space).__name__}.")
     parse_spec_vars(space)
 
 
