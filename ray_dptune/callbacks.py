@@ -90,6 +90,7 @@ class PrivacyAccountantCallback(Callback):
         self._configs: dict[str, dict[str, Any]] = {}
         self._verbose = verbose
         self._violation: PrivacyError | None = None
+        self._restored = False
         self._last_logged: tuple | None = None
         self._selection_cache: tuple[str, RDPCurve, RDPCurve] | None = None
 
@@ -133,7 +134,8 @@ class PrivacyAccountantCallback(Callback):
 
     # ------------------------------------------------------------------ Tune hooks
     def setup(self, **info: Any) -> None:
-        refuse_truncation(info.get("num_samples"), self._num_trials)
+        if not self._restored:  # a restored experiment's spec no longer carries the user's num_samples
+            refuse_truncation(info.get("num_samples"), self._num_trials)
         self._check_target()
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -205,6 +207,7 @@ class PrivacyAccountantCallback(Callback):
         return {"plan": self._plan, "attempts": self._attempts, "configs": self._configs}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        self._restored = True
         self._plan = state["plan"]
         self._attempts = state["attempts"]
         self._configs = state["configs"]

@@ -206,3 +206,41 @@ def test_sampling_is_uniform_over_the_space():
     assert stats.kstest(xs, "uniform").pvalue > 1e-3
     assert abs(np.mean([c["g"] == 1 for c in configs]) - 0.5) < 0.04
     assert searcher.suggest("last") == "FINISHED"
+
+
+def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
+    """A fit that ends with an errored trial, then Tuner.restore(resume_errored=True)."""
+    marker = tmp_path / "second-trial-failed"
+    starts = tmp_path / "starts"
+    starts.mkdir()
+
+    def breaks_once(config):
+        (starts / f"{config['x']:.12f}-{len(list(starts.iterdir()))}").touch()
+        if len(list(starts.iterdir())) == 2 and not marker.exists():
+            marker.touch()
+            raise RuntimeError("driver-side interruption of this trial")
+        fake_dp_trainable(config)
+
+    searcher = RandomCountSearcher(PointMass(3), metric="score", mode="max", seed=5)
+    callback = PrivacyAccountantCallback(searcher, delta=DELTA, plan=PLAN)
+    tuner = tune.Tuner(
+        breaks_once,
+        param_space=SPACE,
+        tune_config=private_tune_config(searcher, max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="restore", storage_path=str(tmp_path), callbacks=[callback], verbose=0),
+    )
+    first = tuner.fit()
+    assert sorted(r.error is not None for r in first) == [False, False, True]
+    configs_before = sorted(r.config["x"] for r in first)
+
+    restored = tune.Tuner.restore(str(tmp_path / "restore"), breaks_once, resume_errored=True)
+    second = restored.fit()
+    assert sorted(r.config["x"] for r in second) == configs_before  # same K = 3, no new trial
+    assert all(r.error is None for r in second)
+    assert len(list(starts.iterdir())) == 4  # 3 first starts + 1 retry; finished trials not re-run
+    report = read_report(second)
+    assert report["num_trials_planned"] == 3 == report["num_trials_started"]
+    statuses = sorted(tuple(a["status"] for a in t["attempts"]) for t in report["trials"].values())
+    assert statuses == [("completed",), ("completed",), ("failed", "completed")]
+    expected = (3 * PLAN.curve() + PLAN.curve()).epsilon(DELTA)  # selection (k=3) + the failed attempt
+    assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
