@@ -1,0 +1,41 @@
+"""DP-SGD trials for Ray Tune: ``dp_trainable`` and a ready-made digits example.
+
+>>> from ray_dptune.training import digits_cnn, digits_data, dp_trainable
+>>> trainable = dp_trainable(digits_cnn, digits_data, noise_multiplier=2.5, batch_size=64, epochs=15)
+>>> plan = trainable.privacy_plan({"lr": 0.5, "max_grad_norm": 1.0})
+>>> plan.steps, round(plan.sample_rate, 4)
+(330, 0.0445)
+
+Importing this package imports torch and Opacus, but not Ray (only a running trial and
+:meth:`DPTrainable.privacy_plan` do).
+"""
+
+from ray_dptune.training.data import digits_data
+from ray_dptune.training.loop import Report, train, train_step
+from ray_dptune.training.models import digits_cnn
+from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, sampling_schedule, space_plan, trial_plan
+from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, Hyperparameters, OptimizerName, TrainSpec
+from ray_dptune.training.state import PrivacyLedger, TrainState
+from ray_dptune.training.trainable import DPTrainable, dp_trainable
+
+__all__ = [
+    "DEFAULT_GRAD_SAMPLE_MODE",
+    "PRIVACY_KEYS",
+    "DPTrainable",
+    "GradSampleMode",
+    "Hyperparameters",
+    "OptimizerName",
+    "PrivacyLedger",
+    "PrivacyParams",
+    "Report",
+    "TrainSpec",
+    "TrainState",
+    "digits_cnn",
+    "digits_data",
+    "dp_trainable",
+    "sampling_schedule",
+    "space_plan",
+    "train",
+    "train_step",
+    "trial_plan",
+]

@@ -1,0 +1,118 @@
+"""What a DP-SGD trial is made of besides its config: :class:`TrainSpec`, and the options it takes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ray_dptune.training.plan import PrivacyParams
+
+__all__ = [
+    "DEFAULT_GRAD_SAMPLE_MODE",
+    "GradSampleMode",
+    "Hyperparameters",
+    "LossFn",
+    "OptimizerName",
+    "TrainSpec",
+]
+
+GradSampleMode = Literal["hooks", "ew", "functorch", "ghost"]
+"""Opacus's ways to get per-sample gradient norms (``make_private(grad_sample_mode=...)``)."""
+
+DEFAULT_GRAD_SAMPLE_MODE: GradSampleMode = "ew"
+"""The fastest mode measured by ``benchmarks/dpsgd_step.py`` (``benchmarks/results/dpsgd_step.md``).
+
+On the digits CNN, batch 64, one CPU thread, a training iteration took ~2.0-2.2x a
+non-private one with expanded weights (``torch.nn.utils._expanded_weights``), against
+~2.3-2.4x with Opacus's hooks, ~2.6x with ghost clipping and ~3.8-3.9x with functorch.
+Expanded weights' two caveats are handled by the loop (``ray_dptune.training.loop``):
+the wrapped model is never called for evaluation (its ``_module`` is, under
+``torch.no_grad()``), and an empty Poisson batch, which it rejects, becomes a
+zero-weighted placeholder batch whose per-sample gradient is exactly 0.
+"""
+
+OptimizerName = Literal["sgd", "adam"]
+"""The optimizer DP-SGD's noisy gradients feed; its learning rate is ``config["lr"]``."""
+
+LossFn = Callable[..., torch.Tensor]
+"""``loss_fn(logits, targets, reduction="mean")``, e.g. ``torch.nn.functional.cross_entropy``."""
+
+RESERVED_METRICS = ("epoch", "dp_plan", "dp_spent")
+MISSING_HYPERPARAMETER = (
+    "config[{key!r}] is required: dp_trainable reads the {what} from the trial's config, e.g. "
+    "param_space={{'lr': tune.loguniform(1e-2, 2), 'max_grad_norm': tune.uniform(0.1, 5)}}."
+)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything :func:`ray_dptune.training.loop.train` needs besides the trial's config.
+
+    Attributes:
+        model_fn: config -> ``torch.nn.Module``.
+        data_fn: config -> (train, validation) map-style data sets of (input, target).
+        loss_fn: ``(logits, targets, reduction="mean") -> loss``; must return the batch mean.
+        privacy: the fixed privacy parameters (config keys of the same names override them).
+        metric: name of the reported score (validation accuracy).
+        grad_sample_mode: Opacus's per-sample gradient mode.
+        optimizer: "sgd" or "adam".
+        seed: seed of initialisation, sampling and noise; None draws fresh entropy.
+            A known seed makes the noise predictable: for tests and debugging only.
+    """
+
+    model_fn: Callable[[Mapping[str, Any]], nn.Module]
+    data_fn: Callable[[Mapping[str, Any]], tuple[Dataset, Dataset]]
+    loss_fn: LossFn
+    privacy: PrivacyParams
+    metric: str = "val_acc"
+    grad_sample_mode: GradSampleMode = DEFAULT_GRAD_SAMPLE_MODE
+    optimizer: OptimizerName = "sgd"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("model_fn", "data_fn", "loss_fn"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"{name} must be callable, got {getattr(self, name)!r}.")
+        if not isinstance(self.metric, str) or not self.metric or self.metric in RESERVED_METRICS:
+            raise ValueError(f"metric must be a non-empty name other than {RESERVED_METRICS}, got {self.metric!r}.")
+        _check_choice("grad_sample_mode", self.grad_sample_mode, get_args(GradSampleMode))
+        _check_choice("optimizer", self.optimizer, get_args(OptimizerName))
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be None or an integer >= 0, got {self.seed!r}.")
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """The tuned, privacy-neutral hyperparameters the loop requires from the config."""
+
+    lr: float
+    max_grad_norm: float
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Hyperparameters:
+        """Reads ``config["lr"]`` and ``config["max_grad_norm"]`` (the clipping norm).
+
+        Raises:
+            ValueError: a key is missing or not a finite number > 0.
+        """
+        values = {}
+        for key, what in (("lr", "learning rate"), ("max_grad_norm", "clipping norm")):
+            if key not in config:
+                raise ValueError(MISSING_HYPERPARAMETER.format(key=key, what=what))
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
+                raise ValueError(f"config[{key!r}] (the {what}) must be a finite number > 0, got {value!r}.")
+            values[key] = float(value)
+        return cls(**values)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
