@@ -244,3 +244,33 @@ def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
     assert statuses == [("completed",), ("completed",), ("failed", "completed")]
     expected = (3 * PLAN.curve() + PLAN.curve()).epsilon(DELTA)  # selection (k=3) + the failed attempt
     assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_end_to_end_with_dp_sgd_on_digits(tmp_path):
+    """The user's workflow: dp_trainable + searcher + accountant + release, real Opacus training."""
+    import torch
+
+    from ray_dptune.training import digits_cnn, digits_data, dp_trainable
+
+    trainable = dp_trainable(digits_cnn, digits_data, noise_multiplier=1.5, batch_size=128, epochs=2, seed=0)
+    space = {"lr": tune.loguniform(0.3, 1.0), "max_grad_norm": tune.uniform(0.5, 2.0)}
+    plan = trainable.privacy_plan(space)
+    searcher = RandomCountSearcher(PointMass(2), metric="val_acc", mode="max", seed=11)
+    callback = PrivacyAccountantCallback(searcher, delta=DELTA, plan=plan)
+    tuner = tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=private_tune_config(searcher, max_concurrent_trials=2),
+        run_config=tune.RunConfig(name="digits", storage_path=str(tmp_path), callbacks=[callback], verbose=0),
+    )
+    results = tuner.fit()
+    assert len(results) == 2 and all(r.error is None for r in results)
+    report = read_report(results)
+    assert report["guarantee"]["epsilon"] == pytest.approx((2 * plan.curve()).epsilon(DELTA), rel=1e-12)
+    for trial in report["trials"].values():
+        assert trial["attempts"][-1]["spent"] == plan.to_dict()  # every trial spent exactly its plan
+
+    released = release_best(results)
+    assert released.score == max(r.metrics["val_acc"] for r in results) > 0.3  # above chance (0.1)
+    state = torch.load(os.path.join(released.checkpoint_path, "model.pt"), weights_only=True)
+    digits_cnn().load_state_dict(state)  # the released checkpoint holds the trained model
