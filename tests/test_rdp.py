@@ -188,3 +188,16 @@ def test_subsampled_profile_accepts_any_order_of_epsilons():
     profile = subsampled_gaussian_profile(0.05, 1.2, 20)
     eps = np.array([2.0, 0.5, 1.0])
     np.testing.assert_array_equal(profile(eps), profile(np.sort(eps))[[2, 0, 1]])
+
+
+def test_subsampled_gaussian_on_the_thinned_grid_is_conservative():
+    """Above 64 only every 4th order is computed; the others take the next one up."""
+    from ray_dptune.accounting import mechanisms
+
+    thinned = mechanisms.subsampled_gaussian_rdp(0.01, 0.9, 200, DEFAULT_ORDERS)
+    full = np.array([mechanisms.subsampled_gaussian_rdp(0.01, 0.9, 200, np.array([a]))[0] for a in DEFAULT_ORDERS[::7]])
+    assert np.all(thinned[::7] >= full * (1 - 1e-12))
+    dense = DEFAULT_ORDERS[::7] <= 64
+    np.testing.assert_allclose(thinned[::7][dense], full[dense], rtol=1e-12)
+    assert np.all(np.isinf(thinned[DEFAULT_ORDERS > 1024]))
+    assert np.all(np.diff(thinned[(DEFAULT_ORDERS > 64) & (DEFAULT_ORDERS <= 1024)]) >= 0)
