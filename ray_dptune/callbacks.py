@@ -12,6 +12,7 @@ from ray_dptune.accounting import RDPCurve, repeat_and_select
 from ray_dptune.accounting.spend import TrialSpend, curve_from_report
 from ray_dptune.distributions import distribution_from_dict
 from ray_dptune.errors import PrivacyError
+from ray_dptune.ledger import PrivacyLedger
 from ray_dptune.search.random_count import refuse_truncation
 
 __all__ = ["PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
@@ -54,6 +55,10 @@ class PrivacyAccountantCallback(Callback):
         target_epsilon: refuse to run a search whose guarantee would exceed it.
         generic: also use the numeric P&S Lemma 7 bound (tighter, ~0.5 s per call).
         report_path: where ``privacy_report.json`` goes (default: the experiment folder).
+        ledger: a :class:`~ray_dptune.ledger.PrivacyLedger`; the search is recorded in it
+            and its guarantee composed with every earlier search on ``dataset``
+            (``epsilon_dataset`` in the report; ``target_epsilon`` then applies to it).
+        dataset: identifier of the private data set, required with ``ledger``.
         verbose: print a line each time the guarantee or the count of finished trials changes.
     """
 
@@ -66,6 +71,8 @@ class PrivacyAccountantCallback(Callback):
         target_epsilon: float | None = None,
         generic: bool = False,
         report_path: str | None = None,
+        ledger: PrivacyLedger | None = None,
+        dataset: str | None = None,
         verbose: bool = True,
     ):
         for attribute in ("distribution", "num_trials", "density_ratio"):
@@ -93,6 +100,12 @@ class PrivacyAccountantCallback(Callback):
         self._restored = False
         self._last_logged: tuple | None = None
         self._selection_cache: tuple[str, RDPCurve, RDPCurve] | None = None
+        if (ledger is None) != (dataset is None):
+            raise ValueError("ledger and dataset go together: pass both (or neither).")
+        self._ledger = ledger
+        self._dataset = dataset
+        self._experiment_id: str | None = None
+        self._earlier: RDPCurve | None = None  # what earlier searches on the dataset spent
 
     # ------------------------------------------------------------------ the guarantee
     def guarantee(self) -> dict[str, Any]:
@@ -109,9 +122,13 @@ class PrivacyAccountantCallback(Callback):
             law = distribution_from_dict(self._law)
             non_adaptive = repeat_and_select(plan_curve, law, generic=self._generic).epsilon(self._delta)
             adaptivity = epsilon_selection - non_adaptive
+        dataset_total = None
+        if self._ledger is not None:
+            dataset_total = (total + self._earlier if self._earlier is not None else total).epsilon(self._delta)
         return {
             "epsilon": epsilon,
             "delta": self._delta,
+            "epsilon_dataset": dataset_total,
             "epsilon_selection": epsilon_selection,
             "epsilon_one_trial": plan_curve.epsilon(self._delta),
             "epsilon_adaptivity": adaptivity,
@@ -136,6 +153,8 @@ class PrivacyAccountantCallback(Callback):
     def setup(self, **info: Any) -> None:
         if not self._restored:  # a restored experiment's spec no longer carries the user's num_samples
             refuse_truncation(info.get("num_samples"), self._num_trials)
+        if self._ledger is not None:
+            self._join_ledger()
         self._check_target()
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -145,12 +164,15 @@ class PrivacyAccountantCallback(Callback):
                 attempt["status"] = "failed"
         attempts.append({"status": "running", "spent": None})
         self._configs[trial.trial_id] = _jsonable(trial.config)
+        self._record()
         self._log_progress()
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         trial_plan, spent = self._read_report(trial.trial_id, result)
         if self._plan is None:
             self._plan = trial_plan
+            if self._ledger is not None:
+                self._ledger.record_plan(self._experiment_id, trial_plan)
             self._check_target()
         elif not _covers(self._plan, trial_plan):
             raise PrivacyError(
@@ -167,6 +189,7 @@ class PrivacyAccountantCallback(Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         attempt = self._current_attempt(trial.trial_id)
         attempt["status"] = "completed"
+        self._record()
         self._log_progress()
         if self._plan is not None and attempt["spent"] is not None and _covers(attempt["spent"], self._plan):
             return
@@ -191,6 +214,9 @@ class PrivacyAccountantCallback(Callback):
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self._violation is not None:
             raise self._violation
+        self._record()
+        if self._ledger is not None:  # other drivers may have added searches meanwhile
+            self._earlier = self._ledger.dataset_curve(self._dataset, exclude=self._experiment_id)
         path = self._write_report(trials)
         guarantee = self.guarantee()
         if self._verbose:
@@ -204,10 +230,16 @@ class PrivacyAccountantCallback(Callback):
             )
 
     def get_state(self) -> dict[str, Any]:
-        return {"plan": self._plan, "attempts": self._attempts, "configs": self._configs}
+        return {
+            "plan": self._plan,
+            "attempts": self._attempts,
+            "configs": self._configs,
+            "experiment_id": self._experiment_id,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._restored = True
+        self._experiment_id = state.get("experiment_id")
         self._plan = state["plan"]
         self._attempts = state["attempts"]
         self._configs = state["configs"]
@@ -221,6 +253,8 @@ class PrivacyAccountantCallback(Callback):
         }
         return {
             "guarantee": self.guarantee(),
+            "dataset": self._dataset,
+            "ledger": None if self._ledger is None else {"path": self._ledger.path, "experiment": self._experiment_id},
             "metric": getattr(self._searcher, "metric", None),
             "mode": getattr(self._searcher, "mode", None),
             "law": self._law,
@@ -276,15 +310,44 @@ class PrivacyAccountantCallback(Callback):
         attempt = self._current_attempt(trial_id)
         if attempt["status"] == "running":
             attempt["status"] = "failed"
+        self._record()
         self._log_progress()
+
+    def _join_ledger(self) -> None:
+        """Registers this search (or, after a restore, checks it is the same dataset's)."""
+        if self._experiment_id is None:
+            self._experiment_id = self._ledger.register_experiment(
+                self._dataset,
+                law=self._law,
+                num_trials=self._num_trials,
+                density_ratio=self._density_ratio,
+                plan=self._plan,
+            )
+        elif self._ledger.dataset_of(self._experiment_id) != self._dataset:
+            raise PrivacyError(
+                f"This search was recorded in the ledger on dataset "
+                f"{self._ledger.dataset_of(self._experiment_id)!r}, not {self._dataset!r}: restore it with "
+                "the dataset it started on."
+            )
+        self._earlier = self._ledger.dataset_curve(self._dataset, exclude=self._experiment_id)
+
+    def _record(self) -> None:
+        if self._ledger is not None and self._experiment_id is not None:
+            self._ledger.record_attempts(self._experiment_id, self._attempts)
 
     def _check_target(self) -> None:
         if self._target_epsilon is None or self._plan is None:
             return
-        epsilon = self.guarantee()["epsilon"]
+        guarantee = self.guarantee()
+        epsilon = guarantee["epsilon"] if guarantee["epsilon_dataset"] is None else guarantee["epsilon_dataset"]
         if epsilon > self._target_epsilon:
+            scope = (
+                "This search's guarantee"
+                if self._ledger is None
+                else (f"The dataset {self._dataset!r}'s total with this search")
+            )
             raise PrivacyError(
-                f"This search's guarantee is ε = {epsilon:.4g} at δ = {self._delta:g}, above target_epsilon = "
+                f"{scope} is ε = {epsilon:.4g} at δ = {self._delta:g}, above target_epsilon = "
                 f"{self._target_epsilon}. Raise the noise (ray_dptune.calibrate_noise_multiplier finds it) or "
                 "lower the expected number of trials."
             )

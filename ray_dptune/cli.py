@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_plan_parser(subparsers)
+    _add_ledger_parser(subparsers)
     return parser
 
 
@@ -560,6 +561,63 @@ def plot_epsilon_vs_mean(
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
     figure.savefig(path, dpi=120)
+
+
+# ---------------------------------------------------------------------- ledger
+def _add_ledger_parser(subparsers: Any) -> argparse.ArgumentParser:
+    ledger = subparsers.add_parser(
+        "ledger",
+        help="per-dataset privacy totals of every search recorded in a privacy ledger.",
+        description="Compose every search recorded in a ray_dptune privacy ledger (SQLite) per dataset.",
+    )
+    ledger.add_argument("action", choices=("show", "export"), help="show: a table; export: JSON with every search.")
+    ledger.add_argument("path", type=Path, help="the ledger file.")
+    ledger.add_argument("--delta", type=_open_unit_float, default=1e-5, help="δ of the totals (default: 1e-05).")
+    ledger.add_argument("--dataset", help="only this dataset.")
+    ledger.set_defaults(handler=_run_ledger, subparser=ledger)
+    return ledger
+
+
+def _run_ledger(args: argparse.Namespace) -> int:
+    """``ray-dptune ledger show|export``."""
+    from ray_dptune.errors import PrivacyError
+    from ray_dptune.ledger import PrivacyLedger
+
+    parser: argparse.ArgumentParser = args.subparser
+    if not args.path.exists():
+        parser.error(f"no ledger at {args.path}")
+    try:
+        ledger = PrivacyLedger(args.path)
+        datasets = [args.dataset] if args.dataset else ledger.datasets()
+        totals = {}
+        for dataset in datasets:
+            curve = ledger.dataset_curve(dataset)
+            experiments = ledger.experiments(dataset)
+            totals[dataset] = {
+                "epsilon": None if curve is None else curve.epsilon(args.delta),
+                "searches": len(experiments),
+                "trials_started": len(
+                    {(e["experiment_id"], a["trial_id"]) for e in experiments for a in e["attempts"]}
+                ),
+                "failed_attempts": sum(a["status"] == "failed" for e in experiments for a in e["attempts"]),
+                "experiments": experiments,
+            }
+    except PrivacyError as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    if args.action == "export":
+        print(json.dumps({"ledger": str(args.path), "delta": args.delta, "datasets": totals}, indent=2))
+        return 0
+    print(f"Privacy ledger {args.path}: every search composed per dataset, at δ = {args.delta:g}")
+    print()
+    width = max([len("dataset"), *(len(name) for name in totals)])
+    print(f"{'dataset'.ljust(width)}  searches  trials  failed attempts  ε total")
+    for name, total in totals.items():
+        epsilon = "-" if total["epsilon"] is None else f"{total['epsilon']:.4f}"
+        print(
+            f"{name.ljust(width)}  {total['searches']:8d}  {total['trials_started']:6d}  "
+            f"{total['failed_attempts']:15d}  {epsilon:>7}"
+        )
+    return 0
 
 
 # ---------------------------------------------------------------------- commands

@@ -274,3 +274,56 @@ def test_end_to_end_with_dp_sgd_on_digits(tmp_path):
     assert released.score == max(r.metrics["val_acc"] for r in results) > 0.3  # above chance (0.1)
     state = torch.load(os.path.join(released.checkpoint_path, "model.pt"), weights_only=True)
     digits_cnn().load_state_dict(state)  # the released checkpoint holds the trained model
+
+
+def test_the_ledger_composes_searches_on_one_dataset(tmp_path):
+    from ray_dptune.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(tmp_path / "ledger.db")
+    law = PointMass(2)
+    first, _ = run(
+        tmp_path,
+        RandomCountSearcher(law, metric="score", mode="max", seed=1),
+        name="first",
+        plan=PLAN,
+        ledger=ledger,
+        dataset="digits",
+    )
+    second, _ = run(
+        tmp_path,
+        RandomCountSearcher(law, metric="score", mode="max", seed=2),
+        name="second",
+        plan=PLAN,
+        ledger=ledger,
+        dataset="digits",
+    )
+    one_search = (2 * PLAN.curve()).epsilon(DELTA)
+    assert read_report(first)["guarantee"]["epsilon_dataset"] == pytest.approx(one_search, rel=1e-12)
+    report = read_report(second)
+    assert report["guarantee"]["epsilon"] == pytest.approx(one_search, rel=1e-12)
+    assert report["guarantee"]["epsilon_dataset"] == pytest.approx((4 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+    assert len(ledger.experiments("digits")) == 2
+    # re-running until the results look good is accounted: a target on the dataset total refuses a third
+    with pytest.raises(Exception, match="dataset 'digits'"):
+        run(
+            tmp_path,
+            RandomCountSearcher(law, seed=3),
+            name="third",
+            plan=PLAN,
+            ledger=ledger,
+            dataset="digits",
+            target_epsilon=1.05 * report["guarantee"]["epsilon_dataset"],
+        )
+
+
+def test_restoring_on_another_dataset_is_refused(tmp_path):
+    from ray_dptune.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(tmp_path / "ledger.db")
+    searcher = RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1)
+    callback = PrivacyAccountantCallback(searcher, delta=DELTA, plan=PLAN, ledger=ledger, dataset="digits")
+    callback.setup(num_samples=-1)
+    moved = PrivacyAccountantCallback(searcher, delta=DELTA, plan=PLAN, ledger=ledger, dataset="mnist")
+    moved.set_state(callback.get_state())
+    with pytest.raises(PrivacyError, match="recorded in the ledger on dataset 'digits'"):
+        moved.setup(num_samples=-1)

@@ -68,6 +68,4 @@ def _check(p: np.ndarray, prior: np.ndarray, weights: np.ndarray, upper: float, 
     if not np.isclose((prior * weights).sum(), 1.0, rtol=1e-9, atol=0.0):
         raise ValueError(f"prior must be a density: Σ weights·prior = {(prior * weights).sum()}, not 1.")
     if not (0.0 < lower <= 1.0 <= upper < np.inf):
-        raise ValueError(
-            f"Need 0 < c <= 1 <= C < inf for S_(C,c) to hold densities, got C = {upper}, c = {lower}."
-        )
+        raise ValueError(f"Need 0 < c <= 1 <= C < inf for S_(C,c) to hold densities, got C = {upper}, c = {lower}.")
