@@ -1,0 +1,76 @@
+"""PrivacyAccountantCallback without a Ray run: malformed reports and attempt bookkeeping."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ray_dptune import PointMass, PrivacyAccountantCallback, PrivacyError, RandomCountSearcher, TrialSpend
+
+PLAN = TrialSpend(0.05, 1.5, 40)
+TRIAL = SimpleNamespace(trial_id="t1", config={"x": 0.5})
+
+
+def callback():
+    accountant = PrivacyAccountantCallback(RandomCountSearcher(PointMass(2), seed=0), delta=1e-5, verbose=False)
+    accountant.setup(num_samples=-1)
+    accountant.on_trial_start(0, [], TRIAL)
+    return accountant
+
+
+GOOD_CURVE = {"orders": [2.0, 4.0], "epsilons": [0.1, 0.2]}
+
+
+@pytest.mark.parametrize(
+    "spent",
+    [
+        None,
+        {"orders": [2.0, 4.0], "epsilons": [0.1, float("nan")]},
+        {"orders": [2.0, 4.0], "epsilons": [0.1, -0.2]},
+        {"orders": [2.0, 4.0], "epsilons": [0.1]},
+        {"orders": [4.0, 2.0], "epsilons": [0.1, 0.2]},
+        {"kind": "dpsgd", "sample_rate": 0.05, "noise_multiplier": -1.0, "steps": 10},
+        "0.3",
+    ],
+    ids=["missing", "nan", "negative", "wrong-length", "unsorted", "impossible-sigma", "not-a-dict"],
+)
+def test_malformed_spend_reports_raise_and_keep_what_was_recorded(spent):
+    accountant = callback()
+    accountant.on_trial_result(0, [], TRIAL, {"dp_plan": GOOD_CURVE, "dp_spent": GOOD_CURVE})
+    before = accountant.report()
+    with pytest.raises(PrivacyError, match="valid 'dp_spent'"):
+        accountant.on_trial_result(0, [], TRIAL, {"dp_plan": GOOD_CURVE, "dp_spent": spent})
+    assert accountant.report() == before
+
+
+def test_a_bare_curve_report_is_accepted_and_checked_against_the_plan():
+    accountant = callback()
+    accountant.on_trial_result(
+        0, [], TRIAL, {"dp_plan": GOOD_CURVE, "dp_spent": {"orders": [2.0, 4.0], "epsilons": [0.05, 0.1]}}
+    )
+    with pytest.raises(PrivacyError, match="above its plan"):
+        accountant.on_trial_result(
+            0, [], TRIAL, {"dp_plan": GOOD_CURVE, "dp_spent": {"orders": [2.0, 4.0], "epsilons": [0.05, 0.3]}}
+        )
+
+
+def test_a_trial_whose_plan_exceeds_the_search_plan_is_refused():
+    accountant = PrivacyAccountantCallback(
+        RandomCountSearcher(PointMass(2), seed=0), delta=1e-5, plan=PLAN, verbose=False
+    )
+    accountant.on_trial_start(0, [], TRIAL)
+    bigger = TrialSpend(0.05, 1.5, 41).to_dict()
+    with pytest.raises(PrivacyError, match="does not cover"):
+        accountant.on_trial_result(0, [], TRIAL, {"dp_plan": bigger, "dp_spent": bigger})
+
+
+def test_an_interrupted_attempt_counts_as_failed_at_its_plan():
+    accountant = PrivacyAccountantCallback(
+        RandomCountSearcher(PointMass(1), seed=0), delta=1e-5, plan=PLAN, verbose=False
+    )
+    accountant.on_trial_start(0, [], TRIAL)
+    accountant.on_trial_start(0, [], TRIAL)  # restarted without an error event (driver restore)
+    statuses = [a["status"] for a in accountant.report()["trials"]["t1"]["attempts"]]
+    assert statuses == ["failed", "running"]
+    curve = np.array(accountant.guarantee()["curve"]["epsilons"], dtype=float)
+    np.testing.assert_allclose(curve, (2 * PLAN.curve()).epsilons, rtol=1e-12)
