@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=15, help="epochs per trial (default 15)")
     parser.add_argument("--batch-size", type=int, default=64, help="expected Poisson batch size (default 64)")
     parser.add_argument("--concurrency", type=int, default=2, help="trials at once (default 2)")
+    parser.add_argument(
+        "--gpus-per-trial", type=float, default=0.0, help="GPUs each trial reserves, e.g. 1 or 0.25 (default 0: CPU)"
+    )
     parser.add_argument("--storage", default=None, help="experiment folder (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=None, help="seed K and the configs (default: secure)")
     return parser.parse_args(argv)
@@ -73,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     searcher = RandomCountSearcher(law, metric="val_acc", mode="max", seed=args.seed)
     accountant = PrivacyAccountantCallback(searcher, delta=args.delta, plan=plan, target_epsilon=args.epsilon)
     with tempfile.TemporaryDirectory() as scratch:
+        resources = {"cpu": 1, "gpu": args.gpus_per_trial}
         tuner = tune.Tuner(
-            trainable,
+            tune.with_resources(trainable, resources) if args.gpus_per_trial else trainable,
             param_space=SPACE,
             tune_config=private_tune_config(searcher, max_concurrent_trials=args.concurrency),
             run_config=tune.RunConfig(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +49,14 @@ def release_best(
         PrivacyError: no privacy report in the experiment folder (the search ran
             without PrivacyAccountantCallback), so no guarantee can be stated.
     """
+    import pyarrow.fs
     from ray import tune
 
     if isinstance(results_or_path, (str, os.PathLike)):
-        experiment_path = str(results_or_path)
-        trials = tune.ExperimentAnalysis(experiment_path).trials
+        filesystem, experiment_path = pyarrow.fs.FileSystem.from_uri(os.fspath(results_or_path))
+        trials = tune.ExperimentAnalysis(os.fspath(results_or_path)).trials
     else:
-        experiment_path = results_or_path.experiment_path
+        filesystem, experiment_path = results_or_path.filesystem, results_or_path.experiment_path
         trials = list(results_or_path)
     if not trials:
         return ReleasedTrial(
@@ -65,7 +65,7 @@ def release_best(
             checkpoint_path=None,
             guarantee={"note": "No trial ran (K = 0): the release is independent of the data."},
         )
-    report = _read_report(experiment_path)
+    report = _read_report(filesystem, experiment_path)
     metric, mode = metric or report.get("metric"), mode or report.get("mode")
     if metric is None or mode not in ("max", "min"):
         raise ValueError("Give metric= and mode='max'|'min': the search did not record them.")
@@ -83,23 +83,25 @@ def release_best(
         guarantee={**report["guarantee"], "covers": report["covers"]},
     )
     if purge:
-        keep = os.path.realpath(_trial_path(best))
+        keep = _trial_path(best)
         for _, trial in candidates:
             path = _trial_path(trial)
-            if path and os.path.realpath(path) != keep and os.path.isdir(path):
-                shutil.rmtree(path)
+            if path and path != keep:
+                filesystem.delete_dir(path)
     return released
 
 
-def _read_report(experiment_path: str) -> dict[str, Any]:
-    path = os.path.join(experiment_path, REPORT_FILE)
-    if not os.path.exists(path):
+def _read_report(filesystem: Any, experiment_path: str) -> dict[str, Any]:
+    """The privacy report, read through the experiment's storage (local, NFS, S3, GCS)."""
+    path = f"{experiment_path}/{REPORT_FILE}"
+    try:
+        with filesystem.open_input_stream(path) as stream:
+            return json.loads(stream.read())
+    except FileNotFoundError as error:
         raise PrivacyError(
             f"No {REPORT_FILE} in {experiment_path}: the search ran without PrivacyAccountantCallback, "
             "so it has no privacy guarantee to release with."
-        )
-    with open(path) as file:
-        return json.load(file)
+        ) from error
 
 
 def _last_metrics(trial: Any) -> dict[str, Any]:
@@ -107,7 +109,8 @@ def _last_metrics(trial: Any) -> dict[str, Any]:
 
 
 def _trial_path(trial: Any) -> str | None:
-    return getattr(trial, "path", None) or getattr(trial, "local_path", None)
+    """The trial's folder on the experiment's storage filesystem."""
+    return getattr(trial, "path", None)
 
 
 def _checkpoint_path(trial: Any) -> str | None:
