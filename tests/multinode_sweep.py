@@ -1,0 +1,104 @@
+"""A private sweep on a simulated 3-node Ray cluster, optionally losing a node mid-trial.
+
+Run by tests/test_multinode.py in its own process (it needs its own Ray cluster,
+apart from the tests' shared local session). Prints one JSON line: K, trials,
+per-trial attempts, the guarantee, and the node ids trials ran on.
+
+    python tests/multinode_sweep.py OUT_DIR [--kill-node]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+from ray import tune
+from ray.cluster_utils import Cluster
+
+from ray_dptune import PointMass, PrivacyAccountantCallback, RandomCountSearcher, TrialSpend, private_tune_config
+
+PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
+EPOCHS = 4
+
+
+def trainable(config):
+    """Four 'epochs' of 0.5 s; writes which node it runs on, so the driver can kill it."""
+    marker_dir = Path(config["markers"])
+    node = ray.get_runtime_context().get_node_id()
+    (marker_dir / f"{tune.get_context().get_trial_id()}-{node}-{time.time_ns()}").touch()
+    for epoch in range(1, EPOCHS + 1):
+        time.sleep(0.5)
+        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, PLAN.steps * epoch // EPOCHS)
+        tune.report({"score": config["x"], "node": node, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
+
+
+def kill_first_busy_worker(cluster: Cluster, workers: list, markers: Path, done: threading.Event) -> None:
+    """Removes the node of the first trial that starts (once), while that trial runs."""
+    by_id = {worker.node_id: worker for worker in workers}
+    while not done.is_set():
+        for marker in markers.iterdir():
+            node = marker.name.split("-")[1]
+            if node in by_id:
+                time.sleep(0.6)  # let the trial report once: it has touched the data
+                cluster.remove_node(by_id[node])
+                (markers.parent / "killed").write_text(node)
+                return
+        time.sleep(0.05)
+
+
+def main(out_dir: str, kill_node: bool) -> None:
+    out = Path(out_dir)
+    markers = out / "markers"
+    markers.mkdir(parents=True)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+
+    searcher = RandomCountSearcher(PointMass(4), metric="score", mode="max", seed=0)
+    callback = PrivacyAccountantCallback(searcher, delta=1e-5, plan=PLAN, verbose=False)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"x": tune.uniform(0, 1), "markers": str(markers)},
+        tune_config=private_tune_config(searcher, max_concurrent_trials=3),
+        run_config=tune.RunConfig(
+            name="multinode",
+            storage_path=str(out / "storage"),
+            callbacks=[callback],
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=3),
+        ),
+    )
+    done = threading.Event()
+    killer = None
+    if kill_node:
+        killer = threading.Thread(target=kill_first_busy_worker, args=(cluster, workers, markers, done), daemon=True)
+        killer.start()
+    results = tuner.fit()
+    done.set()
+    report = callback.report()
+    print(
+        json.dumps(
+            {
+                "num_trials": searcher.num_trials,
+                "results": len(results),
+                "errors": [str(r.error) for r in results if r.error],
+                "attempts": {tid: [a["status"] for a in t["attempts"]] for tid, t in report["trials"].items()},
+                "epsilon": report["guarantee"]["epsilon"],
+                "nodes": sorted({r.metrics.get("node") for r in results if r.metrics}),
+                "killed": (out / "killed").read_text() if (out / "killed").exists() else None,
+            }
+        )
+    )
+    ray.shutdown()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], "--kill-node" in sys.argv[2:])
+    os._exit(0)  # Ray's background threads can keep a finished driver alive
