@@ -9,7 +9,7 @@ from typing import Any
 from ray.tune import Callback
 
 from ray_dptune.accounting import RDPCurve, repeat_and_select
-from ray_dptune.accounting.spend import TrialSpend, curve_from_report
+from ray_dptune.accounting.spend import TrialSpend, curve_from_report, parse_report
 from ray_dptune.distributions import distribution_from_dict
 from ray_dptune.errors import PrivacyError
 from ray_dptune.ledger import PrivacyLedger
@@ -159,12 +159,12 @@ class PrivacyAccountantCallback(Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         attempts = self._attempts.setdefault(trial.trial_id, [])
-        for attempt in attempts:
-            if attempt["status"] == "running":  # restarted without an error event: interrupted
-                attempt["status"] = "failed"
+        interrupted = [attempt for attempt in attempts if attempt["status"] == "running"]
+        for attempt in interrupted:  # restarted without an error event: interrupted
+            attempt["status"] = "failed"
         attempts.append({"status": "running", "spent": None})
         self._configs[trial.trial_id] = _jsonable(trial.config)
-        self._record()
+        self._record(trial.trial_id, durable=bool(interrupted))
         self._log_progress()
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -189,7 +189,7 @@ class PrivacyAccountantCallback(Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         attempt = self._current_attempt(trial.trial_id)
         attempt["status"] = "completed"
-        self._record()
+        self._record(trial.trial_id, durable=False)
         self._log_progress()
         if self._plan is not None and attempt["spent"] is not None and _covers(attempt["spent"], self._plan):
             return
@@ -293,7 +293,7 @@ class PrivacyAccountantCallback(Callback):
         for key in (PLAN_KEY, SPENT_KEY):
             record = result.get(key)
             try:
-                curve_from_report(record)
+                parse_report(record)
             except ValueError as error:
                 raise PrivacyError(
                     f"Trial {trial_id} reported a result without a valid {key!r} ({error}). A DP trainable "
@@ -310,7 +310,7 @@ class PrivacyAccountantCallback(Callback):
         attempt = self._current_attempt(trial_id)
         if attempt["status"] == "running":
             attempt["status"] = "failed"
-        self._record()
+        self._record(trial_id)
         self._log_progress()
 
     def _join_ledger(self) -> None:
@@ -331,9 +331,11 @@ class PrivacyAccountantCallback(Callback):
             )
         self._earlier = self._ledger.dataset_curve(self._dataset, exclude=self._experiment_id)
 
-    def _record(self) -> None:
+    def _record(self, trial_id: str | None = None, *, durable: bool = True) -> None:
+        """Writes one trial's attempts (or, without ``trial_id``, all) to the ledger."""
         if self._ledger is not None and self._experiment_id is not None:
-            self._ledger.record_attempts(self._experiment_id, self._attempts)
+            attempts = self._attempts if trial_id is None else {trial_id: self._attempts[trial_id]}
+            self._ledger.record_attempts(self._experiment_id, attempts, durable=durable)
 
     def _check_target(self) -> None:
         if self._target_epsilon is None or self._plan is None:

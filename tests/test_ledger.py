@@ -118,3 +118,15 @@ def test_cli_shows_and_exports_totals(tmp_path, capsys):
     exported = json.loads(capsys.readouterr().out)
     assert exported["datasets"]["digits"]["epsilon"] == pytest.approx(total, rel=1e-12)
     assert len(exported["datasets"]["digits"]["experiments"]) == 2
+
+
+def test_a_superseded_running_attempt_counts_as_failed(tmp_path):
+    """A driver that died mid-attempt leaves it 'running'; a later attempt proves it ended."""
+    ledger = PrivacyLedger(tmp_path / "ledger.db")
+    experiment = register(ledger, law=PointMass(1))
+    ledger.record_attempts(experiment, {"t1": [{"status": "running", "spent": None}]}, durable=False)
+    np.testing.assert_allclose(ledger.dataset_curve("digits").epsilons, PLAN.curve().epsilons, rtol=1e-12)
+    ledger.record_attempts(
+        experiment, {"t1": [{"status": "running", "spent": None}, {"status": "running", "spent": None}]}, durable=False
+    )
+    np.testing.assert_allclose(ledger.dataset_curve("digits").epsilons, (2 * PLAN.curve()).epsilons, rtol=1e-12)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ray_dptune.accounting.rdp import RDPCurve
 
-__all__ = ["TrialSpend", "curve_from_report"]
+__all__ = ["TrialSpend", "curve_from_report", "parse_report"]
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,18 @@ def curve_from_report(record: Any) -> RDPCurve:
     Raises:
         ValueError: the record is neither.
     """
+    parsed = parse_report(record)
+    return parsed.curve() if isinstance(parsed, TrialSpend) else parsed
+
+
+def parse_report(record: Any) -> TrialSpend | RDPCurve:
+    """Validates a trial's report without computing any curve (cheap: called per result).
+
+    Raises:
+        ValueError: the record is neither a TrialSpend dict nor an RDPCurve dict.
+    """
     if isinstance(record, dict) and record.get("kind") == "dpsgd":
-        return TrialSpend.from_dict(record).curve()
+        return TrialSpend.from_dict(record)
     if isinstance(record, dict) and "orders" in record:
         return RDPCurve.from_dict(record)
     raise ValueError(
