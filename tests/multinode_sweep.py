@@ -4,13 +4,18 @@ Run by tests/test_multinode.py in its own process (it needs its own Ray cluster,
 apart from the tests' shared local session). Prints one JSON line: K, trials,
 per-trial attempts, the guarantee, and the node ids trials ran on.
 
-    python tests/multinode_sweep.py OUT_DIR [--kill-node]
+    python tests/multinode_sweep.py OUT_DIR [--kill-node | --interrupt]
+
+--interrupt sends the driver SIGINT once two trials have finished (Tune saves its state
+and returns, as when a user presses Ctrl-C), then restores the experiment with
+``tune.Tuner.restore`` on the same cluster and finishes it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -35,6 +40,7 @@ def trainable(config):
         time.sleep(0.5)
         spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, PLAN.steps * epoch // EPOCHS)
         tune.report({"score": config["x"], "node": node, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
+    (marker_dir / f"finished-{tune.get_context().get_trial_id()}").touch()
 
 
 def kill_first_busy_worker(cluster: Cluster, workers: list, markers: Path, done: threading.Event) -> None:
@@ -51,7 +57,16 @@ def kill_first_busy_worker(cluster: Cluster, workers: list, markers: Path, done:
         time.sleep(0.05)
 
 
-def main(out_dir: str, kill_node: bool) -> None:
+def interrupt_after_two_trials(markers: Path, done: threading.Event) -> None:
+    """SIGINT to this driver once two trials have reported their last epoch."""
+    while not done.is_set():
+        if len(list(markers.glob("finished-*"))) >= 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+        time.sleep(0.05)
+
+
+def main(out_dir: str, kill_node: bool, interrupt: bool) -> None:
     out = Path(out_dir)
     markers = out / "markers"
     markers.mkdir(parents=True)
@@ -79,9 +94,19 @@ def main(out_dir: str, kill_node: bool) -> None:
     if kill_node:
         killer = threading.Thread(target=kill_first_busy_worker, args=(cluster, workers, markers, done), daemon=True)
         killer.start()
+    if interrupt:
+        threading.Thread(target=interrupt_after_two_trials, args=(markers, done), daemon=True).start()
     results = tuner.fit()
     done.set()
-    report = callback.report()
+    interrupted_with = None
+    if interrupt:
+        interrupted_with = len(results)
+        restored = tune.Tuner.restore(str(out / "storage" / "multinode"), trainable, resume_unfinished=True)
+        results = restored.fit()
+        with open(out / "storage" / "multinode" / "privacy_report.json") as file:
+            report = json.load(file)
+    else:
+        report = callback.report()
     print(
         json.dumps(
             {
@@ -92,6 +117,8 @@ def main(out_dir: str, kill_node: bool) -> None:
                 "epsilon": report["guarantee"]["epsilon"],
                 "nodes": sorted({r.metrics.get("node") for r in results if r.metrics}),
                 "killed": (out / "killed").read_text() if (out / "killed").exists() else None,
+                "interrupted_with": interrupted_with,
+                "starts": len([m for m in markers.iterdir() if not m.name.startswith("finished-")]),
             }
         )
     )
@@ -100,5 +127,5 @@ def main(out_dir: str, kill_node: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--kill-node" in sys.argv[2:])
+    main(sys.argv[1], "--kill-node" in sys.argv[2:], "--interrupt" in sys.argv[2:])
     os._exit(0)  # Ray's background threads can keep a finished driver alive

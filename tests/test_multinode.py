@@ -54,3 +54,15 @@ def test_a_lost_node_retries_its_trial_elsewhere_and_costs_privacy(with_node_los
     assert run["killed"] not in run["nodes"]  # every final result came from a surviving node
     assert run["epsilon"] > without_failure["epsilon"]
     assert run["epsilon"] == pytest.approx((5 * PLAN.curve()).epsilon(1e-5), rel=1e-12)
+
+
+def test_an_interrupted_driver_restores_with_the_same_k_and_no_rerun(tmp_path):
+    run = sweep(tmp_path, "--interrupt")
+    assert run["interrupted_with"] is not None
+    assert run["num_trials"] == 4 and run["results"] == 4 and not run["errors"]
+    restarted = [statuses for statuses in run["attempts"].values() if statuses != ["completed"]]
+    # finished trials were not re-run: one start each, plus one per interrupted attempt
+    assert run["starts"] == 4 + len(restarted)
+    assert all(statuses[-1] == "completed" and set(statuses[:-1]) <= {"failed"} for statuses in restarted)
+    composed = (4 * PLAN.curve() + len(restarted) * PLAN.curve()).epsilon(1e-5)
+    assert run["epsilon"] == pytest.approx(composed, rel=1e-12)
