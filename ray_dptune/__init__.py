@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "RandomCountSearcher": "ray_dptune.search.random_count",
+    "DPHyPOSearcher": "ray_dptune.search.dphypo",
     "PrivacyAccountantCallback": "ray_dptune.callbacks",
     "PrivacyGuardScheduler": "ray_dptune.schedulers",
     "check_scheduler": "ray_dptune.schedulers",
@@ -31,6 +32,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "DPHyPOSearcher",
     "Geometric",
     "Logarithmic",
     "PointMass",

@@ -18,3 +18,14 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Math first, then the multi-node tests (own clusters), then the shared Ray session's tests."""
+
+    def rank(item):
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            return 2
+        return 1 if item.path.name == "test_multinode.py" else 0
+
+    items.sort(key=rank)  # stable: keeps file order within each group

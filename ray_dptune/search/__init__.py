@@ -1,5 +1,6 @@
 """Ray Tune searchers whose whole search is differentially private."""
 
+from ray_dptune.search.dphypo import BoundedDensitySampler, DPHyPOSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
 
-__all__ = ["RandomCountSearcher"]
+__all__ = ["BoundedDensitySampler", "DPHyPOSearcher", "RandomCountSearcher"]

@@ -65,8 +65,8 @@ class _NumericAxis:
         if isinstance(sampler, Quantized):
             self.q = sampler.q
             sampler = sampler.get_sampler()
-        if not isinstance(sampler, (Uniform, LogUniform)):
-            raise ValueError(
+        if not isinstance(sampler, (Uniform, LogUniform)):  # a bad value of a Tune space, as Tune says too
+            raise ValueError(  # noqa: TRY004
                 f"{'/'.join(map(str, path))}: a {type(domain).__name__} domain with sampler "
                 f"{type(sampler).__name__} has no bounded uniform prior; DP-HyPO bounds the density "
                 "relative to a prior on a finite space. Use tune.uniform / loguniform / randint / choice."
@@ -109,7 +109,7 @@ class _DiscreteAxis:
     def __init__(self, path: tuple, categories: list):
         self.path, self.values = path, list(categories)
         numeric = all(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in self.values)
-        distinct = sorted(set(float(v) for v in self.values)) if numeric else []
+        distinct = sorted({float(v) for v in self.values}) if numeric else []
         if len(distinct) > 1:  # ordered: one coordinate, the value's rank
             rank = {v: i / (len(distinct) - 1) for i, v in enumerate(distinct)}
             self.encoding = np.array([[rank[float(v)]] for v in self.values])
@@ -162,7 +162,8 @@ class SearchCells:
         for axis, t in zip(numeric, u):
             assign_value(config, axis.path, axis.value(float(t)))
         for axis, index in zip(discrete, indices):
-            assign_value(config, axis.path, axis.values[index])
+            value = axis.values[index]
+            assign_value(config, axis.path, value.item() if isinstance(value, np.generic) else value)
         for path, domain in functions:
             value = domain.sample(config=config, random_state=rng)
             assign_value(config, path, value.item() if isinstance(value, np.generic) else value)
@@ -236,7 +237,7 @@ def _axes(space: dict) -> tuple[list[_NumericAxis], list[_DiscreteAxis], list[tu
         elif isinstance(domain, (Float, Integer)):
             numeric.append(_NumericAxis(path, domain))
         else:
-            raise ValueError(f"{'/'.join(map(str, path))}: unsupported Tune domain {type(domain).__name__}.")
+            raise ValueError(f"{'/'.join(map(str, path))}: unsupported Tune domain {type(domain).__name__}.")  # noqa: TRY004
     discrete += [_DiscreteAxis(path, grid.categories) for path, grid in grid_vars]
     return numeric, discrete, functions
 

@@ -19,17 +19,13 @@ by construction and checks it before every draw:
 The accountant callback reads ``density_ratio = C/c`` and composes
 ``repeat_and_select(plan, law, density_ratio=C/c)`` (DP-HyPO Theorem 1).
 
-Defaults. The paper's β = 1 on raw accuracies (App. E) makes the softmax nearly
-uniform (accuracies differ by tenths). Here UCB scores are standardised under
-the prior first, so β has one meaning on every metric's scale. β = 1
-(``DEFAULT_BETA``) then puts the best cells at the C bound and the worst at c
-as soon as the GP separates them (tests/test_dphypo.py checks it). A larger β
-adapts *less*: the ℓ2 projection of a very peaked softmax gives C to the few
-top cells and leaves all others near the prior. On four synthetic 2-D
-landscapes (8–40 noisy observations) the one-step gain in expected true score,
-as a fraction of the best law in S_{2,0.75}, was 0.56 / 0.77 / 0.83 / 0.83 /
-0.81 / 0.75 for β = 0.25 / 0.5 / 1 / 1.5 / 2 / 3. τ = 0.1 is the paper's
-(τ from 0 to 1 changed that gain by < 0.01).
+Defaults. The paper's β = 1 on raw accuracies (App. E) leaves the softmax nearly
+uniform. Here UCB scores are standardised under the prior first, so β means the
+same on every metric's scale; β = 1 (``DEFAULT_BETA``) puts the best cells at C
+and the worst at c once the GP separates them. A larger β adapts *less*: the ℓ2
+projection of a very peaked softmax gives C to a few top cells and leaves the
+rest near the prior (benchmarks/results/dphypo_latency.md, "β sweep").
+τ = 0.1 is the paper's.
 """
 
 from __future__ import annotations
@@ -86,7 +82,9 @@ class BoundedDensitySampler:
         beta: softmax inverse temperature on standardised UCB scores (≥ 0).
         tau: UCB weight of the posterior standard deviation (≥ 0).
         rng: the generator for draws (a seed, a Generator, or None for the OS's secure source).
-        max_iterations: cap on L-BFGS-B iterations of each GP hyperparameter fit.
+        warm_iterations: cap on L-BFGS-B iterations of a GP fit that starts from the
+            previous fit's hyperparameters (the first fit runs to convergence); a fit
+            the cap stops early is continued by the next one.
 
     Example:
         >>> sampler = BoundedDensitySampler(np.full(4, 0.25), upper=2.0, lower=0.75, rng=0)
@@ -104,7 +102,7 @@ class BoundedDensitySampler:
         beta: float = DEFAULT_BETA,
         tau: float = DEFAULT_TAU,
         rng: np.random.Generator | int | None = None,
-        max_iterations: int = 100,
+        warm_iterations: int = 20,
     ):
         self.upper, self.lower = check_bounds(upper, lower)
         prior = np.asarray(prior_probs, dtype=float)
@@ -115,7 +113,7 @@ class BoundedDensitySampler:
         self.prior = prior
         self.beta, self.tau = _non_negative("beta", beta), _non_negative("tau", tau)
         self.rng = secure_rng(rng)
-        self.max_iterations = int(max_iterations)
+        self.warm_iterations = int(warm_iterations)
         self.fit_failures = 0
         self._hyperparameters: dict[str, np.ndarray] | None = None  # warm start of the next fit
 
@@ -132,8 +130,8 @@ class BoundedDensitySampler:
         """
         if self.upper == self.lower == 1.0 or self.prior.size == 1:
             return self.prior.copy()  # S_{1,1} = {prior}: no model needed
-        scores = self.scores(candidates, observed_x, observed_y)
-        q = self.project(self.density(scores))
+        p = self.density(self.scores(candidates, observed_x, observed_y))
+        q = self.prior.copy() if np.all(p == 1.0) else self.project(p)  # the prior is in S_{C,c}: keep it exact
         self.check(q)
         return q
 
@@ -185,7 +183,8 @@ class BoundedDensitySampler:
         upper = self.upper * (1.0 - MARGIN) if self.upper > 1.0 else 1.0
         lower = self.lower * (1.0 + MARGIN) if self.lower < 1.0 else 1.0
         f = project_to_bounded_density(density, np.ones_like(self.prior), self.prior, upper, lower)
-        return self.prior * f
+        q = self.prior * f
+        return q / q.sum()  # Σ prior·f = 1 to ~ulp(max p); the margin absorbs the rescaling, check() verifies
 
     def check(self, q: np.ndarray) -> None:
         """Raises PrivacyError unless c·prior ≤ q ≤ C·prior in every cell (exact) and Σq = 1 (to 1e-12)."""
@@ -230,10 +229,14 @@ class BoundedDensitySampler:
         with _single_thread(torch), torch.random.fork_rng(devices=[]):
             torch.manual_seed(y.size)  # fit retries resample from priors: keep them reproducible
             model = SingleTaskGP(torch.as_tensor(x), torch.as_tensor(y).unsqueeze(-1))
-            if self._hyperparameters is not None:  # warm start from the previous fit
-                model.load_state_dict({k: torch.as_tensor(v) for k, v in self._hyperparameters.items()}, strict=False)
+            shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+            warm = self._hyperparameters or {}
+            options = {}
+            if warm and all(shapes.get(k) == tuple(np.shape(v)) for k, v in warm.items()):  # warm start
+                model.load_state_dict({k: torch.as_tensor(v) for k, v in warm.items()}, strict=False)
+                options = {"maxiter": self.warm_iterations}
             mll = ExactMarginalLogLikelihood(model.likelihood, model)
-            fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": self.max_iterations}})
+            fit_gpytorch_mll(mll, optimizer_kwargs={"options": options})
             self._hyperparameters = {
                 k: v.detach().numpy().copy()
                 for k, v in model.state_dict().items()
@@ -286,6 +289,10 @@ class DPHyPOSearcher(Searcher):
     with ``max_concurrent_trials > 1`` each suggestion uses the trials completed
     so far. With C = c = 1 this is uniform random search.
 
+    Which trials have completed when a suggestion is made then depends on run
+    times. The bound holds whatever that subset is, as long as run times do not
+    depend on the private data; if they might, run one trial at a time.
+
     Privacy: DP-HyPO Theorem 1 with density ratio C/c, computed by
     :class:`ray_dptune.PrivacyAccountantCallback` from ``density_ratio``; the
     report shows the adaptivity's cost as ``epsilon_adaptivity``.
@@ -298,8 +305,11 @@ class DPHyPOSearcher(Searcher):
         upper: C ≥ 1. lower: c in (0, 1]. The paper uses C = 2, c = 0.75.
         beta: softmax inverse temperature on standardised UCB scores.
         tau: UCB exploration weight.
-        candidates: the most cells (None: 50 per axis up to 2 500 cells for ≤ 2
-            numeric axes, else 2 048 Sobol cells).
+        candidates: the most cells in total. None: a grid of 50 per numeric axis
+            (at most 2 500 cells with the discrete combinations) for ≤ 2 numeric
+            axes, else 2 048 Sobol k-d cells per discrete combination (fewer when
+            that passes 2 500). An int N: a grid of ⌊(N/n_disc)^(1/d)⌋ per axis,
+            or N // n_disc Sobol cells (see :mod:`ray_dptune.search.candidates`).
         seed: for tests and reproducibility; None draws from the OS's secure source.
 
     Example:
@@ -333,6 +343,11 @@ class DPHyPOSearcher(Searcher):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}.")
         super().__init__(metric=metric, mode=mode)
         check_bounds(upper, lower)
+        beta, tau = _non_negative("beta", beta), _non_negative("tau", tau)
+        if candidates is not None and (
+            isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1
+        ):
+            raise ValueError(f"candidates must be a positive int (the most cells) or None, got {candidates!r}.")
         self._distribution, self._seed, self._budget = distribution, seed, candidates
         self._settings = {"upper": float(upper), "lower": float(lower), "beta": beta, "tau": tau}
         rng = secure_rng(seed)
@@ -387,11 +402,11 @@ class DPHyPOSearcher(Searcher):
     # ------------------------------------------------------------------ Searcher API
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         refuse_truncation(spec.get("num_samples"), self._num_trials)
+        self._metric = self._metric or metric  # needed to adapt, also when the space came with the searcher
+        self._mode = self._mode or mode
         if self._space is not None:
             return False
         self._set_space(config)
-        self._metric = self._metric or metric
-        self._mode = self._mode or mode
         return True
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
@@ -471,4 +486,4 @@ class DPHyPOSearcher(Searcher):
         self._sampler = self._new_sampler()
 
     def _new_sampler(self) -> BoundedDensitySampler:
-        return BoundedDensitySampler(self._cells.prior / self._cells.prior.sum(), rng=self._rng, **self._settings)
+        return BoundedDensitySampler(self._cells.prior, rng=self._rng, **self._settings)

@@ -55,7 +55,13 @@ def project_to_bounded_density(
     else:
         t0, t1, g0, g1 = events[k - 1], events[k], mass[k - 1], mass[k]
         shift = t1 if g0 == g1 else t0 + (g0 - 1.0) * (t1 - t0) / (g0 - g1)
-    return np.clip(p - shift, lo, hi)
+    projected = np.clip(p - shift, lo, hi)
+    # p - t rounds to ulp(|p|): with huge p the free cells' mass drifts; give them the remainder.
+    free = (projected > lo) & (projected < hi)
+    if free.any():
+        projected[free] += (1.0 - (weights * projected).sum()) / weights[free].sum()
+        projected = np.clip(projected, lo, hi)
+    return projected
 
 
 def _check(p: np.ndarray, prior: np.ndarray, weights: np.ndarray, upper: float, lower: float) -> None:
