@@ -325,6 +325,21 @@ def main(argv: list[str] | None = None) -> int:
 def render(args, argv, meta, arrays, landscapes, trials, hypo, uniform, seconds, eps, runtime, beta, tau) -> str:
     cal = meta["calibration"]
     command = shlex.join([".venv/bin/python", "benchmarks/dphypo.py", *(sys.argv[1:] if argv is None else argv)])
+
+    def _dirty() -> str:
+        try:
+            status = subprocess.run(
+                ["git", "status", "--porcelain", "--", "benchmarks/dphypo.py", "ray_dptune/search/dphypo.py"],
+                capture_output=True,
+                text=True,
+                cwd=ROOT.parent,
+                check=True,
+            ).stdout.split("\n")
+        except Exception:  # noqa: BLE001
+            return "working tree state unknown"
+        changed = [line[3:] for line in status if line.strip()]
+        return f"uncommitted: {', '.join(changed)}" if changed else "clean"
+
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True
@@ -344,7 +359,7 @@ def render(args, argv, meta, arrays, landscapes, trials, hypo, uniform, seconds,
         f"Command: `{command}`  ",
         (
             f"Date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}, commit {commit} "
-            f"(uncommitted files: benchmarks/dphypo.py, ray_dptune/search/dphypo.py), "
+            f"{_dirty()}, "
             f"{platform.machine()} with {os.cpu_count()} CPUs, Python {platform.python_version()}; "
             f"{args.workers} worker processes; runtime {runtime:.0f} s; "
             f"ray_dptune/search/dphypo.py sha256 {module_hash}…."
