@@ -106,6 +106,8 @@ class PrivacyAccountantCallback(Callback):
         self._dataset = dataset
         self._experiment_id: str | None = None
         self._earlier: RDPCurve | None = None  # what earlier searches on the dataset spent
+        if self._plan is not None:
+            self._selection()  # the plan is known: bound the search before Tune starts
 
     # ------------------------------------------------------------------ the guarantee
     def guarantee(self) -> dict[str, Any]:
