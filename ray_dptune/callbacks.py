@@ -13,7 +13,7 @@ from ray_dptune.accounting.spend import TrialSpend, curve_from_report, parse_rep
 from ray_dptune.distributions import distribution_from_dict
 from ray_dptune.errors import PrivacyError
 from ray_dptune.ledger import PrivacyLedger
-from ray_dptune.search.random_count import refuse_truncation
+from ray_dptune.search.base import refuse_truncation
 
 __all__ = ["PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
 

@@ -34,7 +34,6 @@ import contextlib
 import logging
 import math
 import numbers
-import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,9 +48,9 @@ from ray_dptune.distributions import (
     secure_rng,
 )
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
+from ray_dptune.search.base import PrivateSearcher, refuse_truncation
 from ray_dptune.search.candidates import SearchCells, build_cells
 from ray_dptune.search.projection import project_to_bounded_density
-from ray_dptune.search.random_count import refuse_truncation
 
 __all__ = ["DEFAULT_BETA", "DEFAULT_TAU", "BoundedDensitySampler", "DPHyPOSearcher"]
 
@@ -277,7 +276,7 @@ def _non_negative(name: str, value: float) -> float:
     return value
 
 
-class DPHyPOSearcher(Searcher):
+class DPHyPOSearcher(PrivateSearcher):
     """DP-HyPO with a Gaussian process (Wang et al. 2023, Algorithm 3) for Ray Tune.
 
     T ~ ``distribution`` is drawn once, when the searcher is built, from the OS's
@@ -363,20 +362,6 @@ class DPHyPOSearcher(Searcher):
             self._set_space(space)
 
     # ------------------------------------------------------------------ what the accountant reads
-    @property
-    def distribution(self) -> RunCountDistribution:
-        """The law T was drawn from."""
-        return self._distribution
-
-    @property
-    def num_trials(self) -> int:
-        """T: how many trials this search runs."""
-        return self._num_trials
-
-    @property
-    def seed(self) -> int | None:
-        """The explicit seed, or None when T and the draws came from the secure source."""
-        return self._seed
 
     @property
     def density_ratio(self) -> float:
@@ -469,15 +454,6 @@ class DPHyPOSearcher(Searcher):
         self._suggested = {k: dict(v) for k, v in state["suggested"].items()}
         self._observations = list(state["observations"])
         self._cache = state["cache"]
-
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as file:
-            pickle.dump(self.get_state(), file)
-
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as file:
-            self.set_state(pickle.load(file))
-        logger.info("Restored DPHyPOSearcher: T = %d, %d suggested.", self._num_trials, len(self._suggested))
 
     # ------------------------------------------------------------------ helpers
     def _set_space(self, space: dict[str, Any]) -> None:

@@ -2,35 +2,22 @@
 
 from __future__ import annotations
 
-import logging
-import pickle
 from typing import Any
 
 import numpy as np
 from ray.tune.search import Searcher
 
 from ray_dptune.distributions import RunCountDistribution, distribution_from_dict, secure_rng
-from ray_dptune.errors import PrivacyError
+from ray_dptune.search.base import PrivateSearcher, refuse_truncation
 from ray_dptune.search.space import check_space, sample_config
 
 __all__ = ["RandomCountSearcher"]
 
-logger = logging.getLogger(__name__)
 
 _NO_SPACE = "RandomCountSearcher has no search space: pass `space=` to it or `param_space=` to tune.Tuner."
 
 
-def refuse_truncation(num_samples: Any, planned_trials: int) -> None:
-    """Raises PrivacyError when Tune would stop before all K trials (Ray caps at num_samples)."""
-    if num_samples is not None and 0 <= int(num_samples) < planned_trials:
-        raise PrivacyError(
-            f"num_samples={num_samples} would silently stop the search before its random number of "
-            "trials K, which changes the law the privacy guarantee assumes. Use "
-            "tune.TuneConfig(num_samples=-1): the searcher ends the search by itself."
-        )
-
-
-class RandomCountSearcher(Searcher):
+class RandomCountSearcher(PrivateSearcher):
     """Runs a random number K of uniformly sampled trials (Papernot & Steinke 2022).
 
     K is drawn once, when the searcher is built, from ``distribution`` with a
@@ -76,20 +63,6 @@ class RandomCountSearcher(Searcher):
         self._suggested: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ what the accountant reads
-    @property
-    def distribution(self) -> RunCountDistribution:
-        """The law K was drawn from."""
-        return self._distribution
-
-    @property
-    def num_trials(self) -> int:
-        """K: how many trials this search runs."""
-        return self._num_trials
-
-    @property
-    def seed(self) -> int | None:
-        """The explicit seed, or None when K and the configurations came from the secure source."""
-        return self._seed
 
     # ------------------------------------------------------------------ Searcher API
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
@@ -136,12 +109,3 @@ class RandomCountSearcher(Searcher):
         self._space = state["space"]
         self._metric = state["metric"]
         self._mode = state["mode"]
-
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as file:
-            pickle.dump(self.get_state(), file)
-
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as file:
-            self.set_state(pickle.load(file))
-        logger.info("Restored RandomCountSearcher: K = %d, %d suggested.", self._num_trials, len(self._suggested))
