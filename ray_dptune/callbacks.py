@@ -95,6 +95,7 @@ class PrivacyAccountantCallback(Callback):
         self._report_path = report_path
         self._attempts: dict[str, list[dict[str, Any]]] = {}
         self._configs: dict[str, dict[str, Any]] = {}
+        self._trial_plans: dict[str, dict] = {}  # each trial's own plan (≤ the search's)
         self._verbose = verbose
         self._violation: PrivacyError | None = None
         self._restored = False
@@ -187,14 +188,16 @@ class PrivacyAccountantCallback(Callback):
                 "the guarantee no longer holds."
             )
         self._current_attempt(trial.trial_id)["spent"] = spent
+        self._trial_plans[trial.trial_id] = trial_plan
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         attempt = self._current_attempt(trial.trial_id)
         attempt["status"] = "completed"
         self._record(trial.trial_id, durable=False)
         self._log_progress()
-        if self._plan is not None and attempt["spent"] is not None and _covers(attempt["spent"], self._plan):
-            return
+        own_plan = self._trial_plans.get(trial.trial_id)
+        if own_plan is not None and attempt["spent"] is not None and _covers(attempt["spent"], own_plan):
+            return  # the trial ran its whole plan
         # Tune logs and swallows errors raised while it stops a trial: raise at the next step.
         self._violation = PrivacyError(
             f"Trial {trial.trial_id} ended without error before spending its plan: it was stopped early "
@@ -236,12 +239,14 @@ class PrivacyAccountantCallback(Callback):
             "plan": self._plan,
             "attempts": self._attempts,
             "configs": self._configs,
+            "trial_plans": self._trial_plans,
             "experiment_id": self._experiment_id,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._restored = True
         self._experiment_id = state.get("experiment_id")
+        self._trial_plans = state.get("trial_plans", {})
         self._plan = state["plan"]
         self._attempts = state["attempts"]
         self._configs = state["configs"]

@@ -74,3 +74,21 @@ def test_an_interrupted_attempt_counts_as_failed_at_its_plan():
     assert statuses == ["failed", "running"]
     curve = np.array(accountant.guarantee()["curve"]["epsilons"], dtype=float)
     np.testing.assert_allclose(curve, (2 * PLAN.curve()).epsilons, rtol=1e-12)
+
+
+def test_a_trial_that_spends_its_own_smaller_plan_is_not_an_early_stop():
+    """With tuned epochs the search's plan is the longest trial's; shorter trials still finish."""
+    accountant = PrivacyAccountantCallback(
+        RandomCountSearcher(PointMass(2), seed=0), delta=1e-5, plan=PLAN, verbose=False
+    )
+    accountant.on_trial_start(0, [], TRIAL)
+    short = TrialSpend(0.05, 1.5, 20).to_dict()
+    accountant.on_trial_result(0, [], TRIAL, {"dp_plan": short, "dp_spent": short})
+    accountant.on_trial_complete(0, [], TRIAL)
+    accountant.on_step_begin(0, [])  # no violation pending
+    other = SimpleNamespace(trial_id="t2", config={})
+    accountant.on_trial_start(0, [], other)
+    accountant.on_trial_result(0, [], other, {"dp_plan": short, "dp_spent": TrialSpend(0.05, 1.5, 10).to_dict()})
+    accountant.on_trial_complete(0, [], other)
+    with pytest.raises(PrivacyError, match="stopped early"):
+        accountant.on_step_begin(0, [])

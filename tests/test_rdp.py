@@ -201,3 +201,13 @@ def test_subsampled_gaussian_on_the_thinned_grid_is_conservative():
     np.testing.assert_allclose(thinned[::7][dense], full[dense], rtol=1e-12)
     assert np.all(np.isinf(thinned[DEFAULT_ORDERS > 1024]))
     assert np.all(np.diff(thinned[(DEFAULT_ORDERS > 64) & (DEFAULT_ORDERS <= 1024)]) >= 0)
+
+
+def test_dominates_is_conservative_across_grids():
+    plan = RDPCurve([2.0, 4.0, 8.0], [0.2, 0.4, 0.8])
+    assert plan.dominates(RDPCurve([2.0, 4.0, 8.0], [0.2, 0.39, 0.8]))
+    # spent known only at 3 and 8: at plan's order 4 it may be as high as its value at 8
+    assert not plan.dominates(RDPCurve([3.0, 8.0], [0.1, 0.5]))
+    assert plan.dominates(RDPCurve([3.0, 5.0, 8.0], [0.1, 0.4, 0.8]))
+    # no information at plan's top order: not covered
+    assert not plan.dominates(RDPCurve([2.0, 4.0], [0.1, 0.2]))

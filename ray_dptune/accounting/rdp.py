@@ -153,9 +153,14 @@ class RDPCurve:
         grid = self.orders if np.array_equal(self.orders, other.orders) else np.union1d(self.orders, other.orders)
         return RDPCurve(grid, np.minimum(self.at(grid), other.at(grid)))
 
-    def dominates(self, other: RDPCurve, rtol: float = 0.0) -> bool:
-        """True when ε_self(α) >= ε_other(α) (1 - rtol) at every order of ``other``."""
-        return bool(np.all(self.at(other.orders) >= other.epsilons * (1.0 - rtol)))
+    def dominates(self, other: RDPCurve) -> bool:
+        """True when this curve bounds ``other`` at every one of its own orders.
+
+        ``other`` is read at this curve's orders conservatively (:meth:`at`: the next
+        order up, ``inf`` above its grid), so a True answer proves ε_other(α) ≤ ε_self(α)
+        wherever this curve is used; grids that do not nest can only make it False.
+        """
+        return bool(np.all(other.at(self.orders) <= self.epsilons))
 
     # ------------------------------------------------------------------ (ε, δ)
     def epsilon(self, delta: float) -> float:
