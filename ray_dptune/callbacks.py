@@ -10,10 +10,9 @@ from ray.tune import Callback
 
 from ray_dptune.accounting import RDPCurve, repeat_and_select
 from ray_dptune.accounting.spend import TrialSpend, curve_from_report, parse_report
-from ray_dptune.distributions import distribution_from_dict
-from ray_dptune.errors import PrivacyError
+from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 from ray_dptune.ledger import PrivacyLedger
-from ray_dptune.search.base import refuse_truncation
+from ray_dptune.search.base import PrivateSearcher, RunCountSearcher, refuse_truncation
 
 __all__ = ["PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
 
@@ -23,21 +22,19 @@ REPORT_FILE = "privacy_report.json"
 PLAN_KEY = "dp_plan"
 SPENT_KEY = "dp_spent"
 
-COVERAGE = (
-    "The guarantee covers the released output only: the selected (best) trial's configuration, "
-    "score and checkpoint, as returned by ray_dptune.release_best. Ray keeps every trial's results "
-    "and checkpoints on disk; those are not covered (release_best(..., purge=True) deletes them)."
-)
-
 
 class PrivacyAccountantCallback(Callback):
     """Composes every trial's Rényi DP into one (ε, δ) for the whole search.
 
-    The guarantee is ``repeat_and_select(plan, law, density_ratio)`` (P&S Thm 2/6,
-    DP-HyPO Thm 1: every run satisfies the plan, only the best is released),
-    composed with the plan of every attempt that failed or was interrupted and
-    retried: such an attempt touched the data, and it may have spent up to its
-    plan before failing.
+    The searcher says how (:class:`~ray_dptune.search.base.PrivateSearcher`): the
+    trials it accounts all satisfy one plan, and the whole search's curve is
+    ``searcher.search_curve(plan)`` — ``repeat_and_select(plan, law, density_ratio)``
+    for random-count and DP-HyPO searches (P&S Thm 2/6, DP-HyPO Thm 1), SVT rounds
+    plus the final training for constant-overhead tuning — composed with the plan of
+    every accounted attempt that failed or was interrupted and retried: such an
+    attempt touched the data, and it may have spent up to its plan before failing.
+    A searcher whose guarantee comes from its own release (DP Bayesian optimisation,
+    validation-set privacy) states it through ``searcher.release_guarantee()``.
 
     Checks, each raising :class:`~ray_dptune.errors.PrivacyError`: a finite
     ``num_samples`` below K; a plan above ``target_epsilon`` (before any trial
@@ -46,8 +43,9 @@ class PrivacyAccountantCallback(Callback):
     above the plan.
 
     Args:
-        searcher: the DP searcher (its law of K, K and density ratio are read here).
-        delta: δ of the reported (ε, δ).
+        searcher: the DP searcher (a :class:`~ray_dptune.search.base.PrivateSearcher`).
+        delta: δ of the reported (ε, δ); a searcher with its own release guarantee
+            must not need a larger one.
         plan: the most one trial may spend (a :class:`TrialSpend`, e.g. from
             ``trainable.privacy_plan(param_space)``, or an :class:`RDPCurve`); when
             None, the first trial's reported plan becomes the search's plan and
@@ -75,20 +73,26 @@ class PrivacyAccountantCallback(Callback):
         dataset: str | None = None,
         verbose: bool = True,
     ):
-        for attribute in ("distribution", "num_trials", "density_ratio"):
-            if not hasattr(searcher, attribute):
-                raise TypeError(
-                    f"searcher must be a ray_dptune DP searcher (it declares its law of K); "
-                    f"{type(searcher).__name__} has no {attribute!r}."
-                )
+        if not isinstance(searcher, PrivateSearcher):
+            raise TypeError(
+                "searcher must be a ray_dptune DP searcher (RandomCountSearcher, DPHyPOSearcher, "
+                f"ConstantOverheadSearcher, DPBOSearcher), got {type(searcher).__name__}."
+            )
         if not 0.0 < float(delta) < 1.0:
             raise ValueError(f"delta must lie strictly between 0 and 1, got {delta}.")
-        self._searcher = searcher  # read for metric and mode, which Tune may set after this
-        self._law = searcher.distribution.to_dict()
+        self._searcher = searcher  # read for metric, mode and its details, which change as it runs
+        run_count = isinstance(searcher, RunCountSearcher)
+        self._law = searcher.distribution.to_dict() if run_count else None
+        self._density_ratio = float(searcher.density_ratio) if run_count else None
         self._num_trials = int(searcher.num_trials)
-        self._density_ratio = float(searcher.density_ratio)
-        self._seed = getattr(searcher, "seed", None)
+        self._seed = searcher.seed
         self._delta = float(delta)
+        self._release = searcher.release_guarantee()
+        if self._release is not None and self._release["delta"] > self._delta:
+            raise PrivacyError(
+                f"{type(searcher).__name__} releases at δ = {self._release['delta']:g}, above this callback's "
+                f"delta = {self._delta:g}: lower the searcher's δ or raise the callback's."
+            )
         self._plan = _plan_record(plan)
         self._target_epsilon = target_epsilon
         self._generic = generic
@@ -103,16 +107,26 @@ class PrivacyAccountantCallback(Callback):
         self._selection_cache: tuple[str, RDPCurve, RDPCurve] | None = None
         if (ledger is None) != (dataset is None):
             raise ValueError("ledger and dataset go together: pass both (or neither).")
+        if ledger is not None and not run_count:
+            raise UnsupportedBoundError(
+                f"The ledger composes random-count and DP-HyPO searches; {type(searcher).__name__}'s guarantee "
+                "is not recorded there yet. Run it without ledger= and compose its report by hand."
+            )
+        self._unaccounted: set[str] = set()  # trials the searcher's guarantee covers without a plan
         self._ledger = ledger
         self._dataset = dataset
         self._experiment_id: str | None = None
         self._earlier: RDPCurve | None = None  # what earlier searches on the dataset spent
         if self._plan is not None:
             self._selection()  # the plan is known: bound the search before Tune starts
+        if self._release is not None:
+            self._check_target()
 
     # ------------------------------------------------------------------ the guarantee
     def guarantee(self) -> dict[str, Any]:
         """The current (ε, δ) of the whole search and how it is made up."""
+        if self._release is not None:
+            return {**self._release, "epsilon_dataset": None, "failed_attempts": len(self._failed_attempts())}
         if self._plan is None:
             return {"epsilon": None, "delta": self._delta, "reason": "no trial has reported its plan yet"}
         plan_curve, selection = self._selection()
@@ -121,8 +135,8 @@ class PrivacyAccountantCallback(Callback):
         epsilon = total.epsilon(self._delta)
         epsilon_selection = selection.epsilon(self._delta)
         adaptivity = None
-        if self._density_ratio > 1.0:
-            law = distribution_from_dict(self._law)
+        if self._density_ratio is not None and self._density_ratio > 1.0:
+            law = self._searcher.distribution
             non_adaptive = repeat_and_select(plan_curve, law, generic=self._generic).epsilon(self._delta)
             adaptivity = epsilon_selection - non_adaptive
         dataset_total = None
@@ -144,13 +158,19 @@ class PrivacyAccountantCallback(Callback):
         key = json.dumps(self._plan, sort_keys=True)
         if self._selection_cache is None or self._selection_cache[0] != key:
             plan_curve = curve_from_report(self._plan)
-            law = distribution_from_dict(self._law)
-            selection = repeat_and_select(plan_curve, law, density_ratio=self._density_ratio, generic=self._generic)
+            selection = self._searcher.search_curve(plan_curve, generic=self._generic)
             self._selection_cache = (key, plan_curve, selection)
         return self._selection_cache[1], self._selection_cache[2]
 
     def _failed_attempts(self) -> list[dict[str, Any]]:
-        return [a for attempts in self._attempts.values() for a in attempts if a["status"] == "failed"]
+        """Failed attempts of accounted trials (the others are covered by the searcher's own bound)."""
+        return [
+            attempt
+            for trial_id, attempts in self._attempts.items()
+            if trial_id not in self._unaccounted
+            for attempt in attempts
+            if attempt["status"] == "failed"
+        ]
 
     # ------------------------------------------------------------------ Tune hooks
     def setup(self, **info: Any) -> None:
@@ -167,10 +187,14 @@ class PrivacyAccountantCallback(Callback):
             attempt["status"] = "failed"
         attempts.append({"status": "running", "spent": None})
         self._configs[trial.trial_id] = _jsonable(trial.config)
+        if not self._searcher.accounts_trial(trial.config):
+            self._unaccounted.add(trial.trial_id)
         self._record(trial.trial_id, durable=bool(interrupted))
         self._log_progress()
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if trial.trial_id in self._unaccounted:
+            return
         trial_plan, spent = self._read_report(trial.trial_id, result)
         if self._plan is None:
             self._plan = trial_plan
@@ -195,6 +219,8 @@ class PrivacyAccountantCallback(Callback):
         attempt["status"] = "completed"
         self._record(trial.trial_id, durable=False)
         self._log_progress()
+        if trial.trial_id in self._unaccounted:
+            return
         own_plan = self._trial_plans.get(trial.trial_id)
         if own_plan is not None and attempt["spent"] is not None and _covers(attempt["spent"], own_plan):
             return  # the trial ran its whole plan
@@ -240,6 +266,7 @@ class PrivacyAccountantCallback(Callback):
             "attempts": self._attempts,
             "configs": self._configs,
             "trial_plans": self._trial_plans,
+            "unaccounted": sorted(self._unaccounted),
             "experiment_id": self._experiment_id,
         }
 
@@ -247,6 +274,7 @@ class PrivacyAccountantCallback(Callback):
         self._restored = True
         self._experiment_id = state.get("experiment_id")
         self._trial_plans = state.get("trial_plans", {})
+        self._unaccounted = set(state.get("unaccounted", []))
         self._plan = state["plan"]
         self._attempts = state["attempts"]
         self._configs = state["configs"]
@@ -260,6 +288,9 @@ class PrivacyAccountantCallback(Callback):
         }
         return {
             "guarantee": self.guarantee(),
+            "searcher": type(self._searcher).__name__,
+            "threat_model": self._searcher.threat_model,
+            "details": self._searcher.privacy_details(),
             "dataset": self._dataset,
             "ledger": None if self._ledger is None else {"path": self._ledger.path, "experiment": self._experiment_id},
             "metric": getattr(self._searcher, "metric", None),
@@ -267,11 +298,12 @@ class PrivacyAccountantCallback(Callback):
             "law": self._law,
             "num_trials_planned": self._num_trials,
             "num_trials_started": len(self._attempts),
+            "unaccounted_trials": sorted(self._unaccounted),
             "seed": self._seed if self._seed is not None else "secure (operating system)",
             "density_ratio": self._density_ratio,
             "plan": self._plan,
             "trials": started,
-            "covers": COVERAGE,
+            "covers": self._searcher.coverage,
             "score_privacy": _score_privacy(self._plan),
         }
 
@@ -345,10 +377,12 @@ class PrivacyAccountantCallback(Callback):
             self._ledger.record_attempts(self._experiment_id, attempts, durable=durable)
 
     def _check_target(self) -> None:
-        if self._target_epsilon is None or self._plan is None:
+        if self._target_epsilon is None:
             return
         guarantee = self.guarantee()
         epsilon = guarantee["epsilon"] if guarantee["epsilon_dataset"] is None else guarantee["epsilon_dataset"]
+        if epsilon is None:  # no plan known yet
+            return
         if epsilon > self._target_epsilon:
             scope = (
                 "This search's guarantee"

@@ -33,10 +33,13 @@ class ReleasedTrial:
 def release_best(
     results_or_path: Any, *, metric: str | None = None, mode: str | None = None, purge: bool = False
 ) -> ReleasedTrial:
-    """Returns only the best trial of a private search; ``purge=True`` deletes the others.
+    """Returns only the output a private search may release; ``purge=True`` deletes the rest.
 
-    Selection uses each trial's *last* reported score (the run's output, as in
-    Papernot & Steinke's "return the best of the K runs").
+    The output is what the searcher names in the privacy report: the final training
+    trial of constant-overhead tuning, or the (λ̃, ṽ) that DP Bayesian optimisation
+    released itself (no checkpoint: retrain with λ̃). Otherwise it is the best trial by
+    its *last* reported score (the run's output, as in Papernot & Steinke's "return the
+    best of the K runs").
 
     Args:
         results_or_path: a ``ResultGrid`` from ``Tuner.fit()`` or an experiment folder.
@@ -66,29 +69,42 @@ def release_best(
             guarantee={"note": "No trial ran (K = 0): the release is independent of the data."},
         )
     report = _read_report(filesystem, experiment_path)
+    guarantee = {**report["guarantee"], "covers": report["covers"]}
+    details = report.get("details") or {}
+    if "release" in details:  # the searcher released its own output (DP-BO's λ̃ and ṽ)
+        released, keep = ReleasedTrial(details["release"]["config"], details["release"]["score"], None, guarantee), None
+    else:
+        best, score = _released_trial(trials, report, details, metric, mode)
+        released = ReleasedTrial(dict(best.config), score, _checkpoint_path(best), guarantee)
+        keep = _trial_path(best)
+    if purge:
+        for trial in trials:
+            path = _trial_path(trial)
+            if path and path != keep:
+                filesystem.delete_dir(path)
+    return released
+
+
+def _released_trial(
+    trials: list, report: dict[str, Any], details: dict[str, Any], metric: str | None, mode: str | None
+) -> tuple[Any, float | None]:
+    """The trial the searcher names as its output, or else the best by ``metric``."""
     metric, mode = metric or report.get("metric"), mode or report.get("mode")
+    if "released_trial_id" in details:
+        named = [trial for trial in trials if _trial_id(trial) == details["released_trial_id"]]
+        if not named:
+            raise PrivacyError(f"The released trial {details['released_trial_id']} is not in this experiment.")
+        score = _last_metrics(named[0]).get(metric) if metric else None
+        return named[0], None if score is None else float(score)
     if metric is None or mode not in ("max", "min"):
         raise ValueError("Give metric= and mode='max'|'min': the search did not record them.")
-
     candidates = [(_last_metrics(trial).get(metric), trial) for trial in trials]
     candidates = [(score, trial) for score, trial in candidates if isinstance(score, (int, float))]
     if not candidates:
         raise ValueError(f"No trial reported the metric {metric!r}; nothing to select.")
     sign = 1.0 if mode == "max" else -1.0
     score, best = max(candidates, key=lambda pair: sign * pair[0])
-    released = ReleasedTrial(
-        config=dict(best.config),
-        score=float(score),
-        checkpoint_path=_checkpoint_path(best),
-        guarantee={**report["guarantee"], "covers": report["covers"]},
-    )
-    if purge:
-        keep = _trial_path(best)
-        for _, trial in candidates:
-            path = _trial_path(trial)
-            if path and path != keep:
-                filesystem.delete_dir(path)
-    return released
+    return best, float(score)
 
 
 def _read_report(filesystem: Any, experiment_path: str) -> dict[str, Any]:
@@ -106,6 +122,10 @@ def _read_report(filesystem: Any, experiment_path: str) -> dict[str, Any]:
 
 def _last_metrics(trial: Any) -> dict[str, Any]:
     return getattr(trial, "metrics", None) or getattr(trial, "last_result", None) or {}
+
+
+def _trial_id(trial: Any) -> str | None:
+    return getattr(trial, "trial_id", None) or _last_metrics(trial).get("trial_id")
 
 
 def _trial_path(trial: Any) -> str | None:

@@ -1,57 +1,84 @@
-"""What every DP searcher shares: K drawn once, declared to the accountant, pickled state."""
+"""What every DP searcher declares to the accountant, and the random-count family's shared base."""
 
 from __future__ import annotations
 
 import logging
 import pickle
-from typing import Any
+from typing import Any, ClassVar
 
 from ray.tune.search import Searcher
 
+from ray_dptune.accounting import RDPCurve, repeat_and_select
 from ray_dptune.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 
-__all__ = ["PrivateSearcher", "refuse_truncation"]
+__all__ = ["PrivateSearcher", "RunCountSearcher", "refuse_truncation"]
 
 logger = logging.getLogger(__name__)
 
 
 def refuse_truncation(num_samples: Any, planned_trials: int) -> None:
-    """Raises PrivacyError when Tune would stop before all K trials (Ray caps at num_samples)."""
+    """Raises PrivacyError when Tune would stop before all planned trials (Ray caps at num_samples)."""
     if num_samples is not None and 0 <= int(num_samples) < planned_trials:
         raise PrivacyError(
-            f"num_samples={num_samples} would silently stop the search before its random number of "
-            "trials K, which changes the law the privacy guarantee assumes. Use "
+            f"num_samples={num_samples} would silently stop the search before its {planned_trials} planned "
+            "trials, which changes the algorithm the privacy guarantee is proven for. Use "
             "tune.TuneConfig(num_samples=-1): the searcher ends the search by itself."
         )
 
 
 class PrivateSearcher(Searcher):
-    """A Tune searcher whose number of trials K was drawn once from a law.
+    """A Tune searcher that declares to :class:`~ray_dptune.PrivacyAccountantCallback` how it is accounted.
 
-    Subclasses set ``_distribution``, ``_num_trials`` and ``_seed`` in ``__init__``,
-    a ``density_ratio`` (C/c; 1 when not adaptive), and ``get_state``/``set_state``;
-    :class:`~ray_dptune.PrivacyAccountantCallback` reads the rest from here.
+    The accountant asks each searcher three things:
+
+    * :meth:`accounts_trial`: must this trial report ``dp_plan``/``dp_spent``? Such trials
+      all satisfy one plan (an RDP curve) that the callback learns and enforces.
+    * :meth:`search_curve`: the RDP curve of the whole search, given that plan.
+    * :meth:`release_guarantee`: for searchers whose guarantee does not come from the
+      trials' plans (DP Bayesian optimisation protects the validation set by its final
+      release), that (ε, δ) with its assumption; None otherwise.
+
+    :attr:`threat_model` says, in the report, what is protected and under which assumption,
+    :attr:`coverage` which outputs the guarantee covers; :meth:`privacy_details` adds the
+    searcher's own facts (rounds used, ...) and names the output: ``"released_trial_id"``
+    (the trial whose config, score and checkpoint are released) or ``"release"`` (a
+    ``{"config", "score"}`` the searcher released itself); without either, the output
+    is the best trial.
+    Subclasses set ``_num_trials`` (the most trials the search will start) and ``_seed``,
+    and implement ``get_state``/``set_state``.
     """
 
-    _distribution: RunCountDistribution
+    threat_model: ClassVar[str]
+    coverage: ClassVar[str]
     _num_trials: int
     _seed: int | None
 
     @property
-    def distribution(self) -> RunCountDistribution:
-        """The law K was drawn from."""
-        return self._distribution
-
-    @property
     def num_trials(self) -> int:
-        """K: how many trials this search runs."""
+        """How many trials this search starts (Tune's ``num_samples`` must not cut it)."""
         return self._num_trials
 
     @property
     def seed(self) -> int | None:
-        """The explicit seed, or None when K and the draws came from the secure source."""
+        """The explicit seed, or None when the draws came from the secure source."""
         return self._seed
+
+    def accounts_trial(self, config: dict[str, Any]) -> bool:
+        """True when the trial with ``config`` must report and satisfy the search's plan."""
+        return True
+
+    def search_curve(self, plan: RDPCurve, *, generic: bool = False) -> RDPCurve:
+        """The RDP curve of the whole search when every accounted trial satisfies ``plan``."""
+        raise NotImplementedError(f"{type(self).__name__} is not accounted through its trials' plans.")
+
+    def release_guarantee(self) -> dict[str, Any] | None:
+        """(ε, δ) of a guarantee that does not come from the trials' plans, or None."""
+        return None
+
+    def privacy_details(self) -> dict[str, Any]:
+        """Searcher-specific facts for the privacy report (JSON-serialisable)."""
+        return {}
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as file:
@@ -60,4 +87,35 @@ class PrivateSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as file:
             self.set_state(pickle.load(file))
-        logger.info("Restored %s: K = %d.", type(self).__name__, self._num_trials)
+        logger.info("Restored %s: %d planned trials.", type(self).__name__, self._num_trials)
+
+
+class RunCountSearcher(PrivateSearcher):
+    """A searcher that runs a random number K of DP trials, K drawn once from a law.
+
+    Accounted by ``repeat_and_select(plan, law, density_ratio)`` (Papernot & Steinke
+    2022, Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1). Subclasses set
+    ``_distribution`` and a ``density_ratio`` (1 when not adaptive).
+    """
+
+    threat_model = (
+        "training set: every trial runs DP-SGD within one plan and only the best trial is released "
+        "(validation scores are public unless the plan includes their noise)"
+    )
+    coverage = (
+        "The guarantee covers the released output only: the selected (best) trial's configuration, "
+        "score and checkpoint, as returned by ray_dptune.release_best. Ray keeps every trial's results "
+        "and checkpoints on disk, and this report lists every trial's configuration for the operator; "
+        "those are not covered (release_best(..., purge=True) deletes the trials' folders)."
+    )
+    _distribution: RunCountDistribution
+    density_ratio: float
+
+    @property
+    def distribution(self) -> RunCountDistribution:
+        """The law K was drawn from."""
+        return self._distribution
+
+    def search_curve(self, plan: RDPCurve, *, generic: bool = False) -> RDPCurve:
+        """``repeat_and_select(plan, law, density_ratio)``: P&S Thm 2/6, DP-HyPO Thm 1."""
+        return repeat_and_select(plan, self._distribution, density_ratio=self.density_ratio, generic=generic)

@@ -48,7 +48,7 @@ from ray_dptune.distributions import (
     secure_rng,
 )
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
-from ray_dptune.search.base import PrivateSearcher, refuse_truncation
+from ray_dptune.search.base import RunCountSearcher, refuse_truncation
 from ray_dptune.search.candidates import SearchCells, build_cells
 from ray_dptune.search.projection import project_to_bounded_density
 
@@ -276,7 +276,7 @@ def _non_negative(name: str, value: float) -> float:
     return value
 
 
-class DPHyPOSearcher(PrivateSearcher):
+class DPHyPOSearcher(RunCountSearcher):
     """DP-HyPO with a Gaussian process (Wang et al. 2023, Algorithm 3) for Ray Tune.
 
     T ~ ``distribution`` is drawn once, when the searcher is built, from the OS's

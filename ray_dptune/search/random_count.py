@@ -8,7 +8,7 @@ import numpy as np
 from ray.tune.search import Searcher
 
 from ray_dptune.distributions import RunCountDistribution, distribution_from_dict, secure_rng
-from ray_dptune.search.base import PrivateSearcher, refuse_truncation
+from ray_dptune.search.base import RunCountSearcher, refuse_truncation
 from ray_dptune.search.space import check_space, sample_config
 
 __all__ = ["RandomCountSearcher"]
@@ -17,7 +17,7 @@ __all__ = ["RandomCountSearcher"]
 _NO_SPACE = "RandomCountSearcher has no search space: pass `space=` to it or `param_space=` to tune.Tuner."
 
 
-class RandomCountSearcher(PrivateSearcher):
+class RandomCountSearcher(RunCountSearcher):
     """Runs a random number K of uniformly sampled trials (Papernot & Steinke 2022).
 
     K is drawn once, when the searcher is built, from ``distribution`` with a

@@ -1,0 +1,118 @@
+"""The accountant's searcher protocol: trials a searcher's own bound covers, release guarantees, reports."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ray_dptune import PrivacyAccountantCallback, PrivacyError, TrialSpend
+from ray_dptune.accounting import RDPCurve
+from ray_dptune.errors import UnsupportedBoundError
+from ray_dptune.ledger import PrivacyLedger
+from ray_dptune.search.base import PrivateSearcher
+
+PLAN = TrialSpend(0.05, 1.5, 40)
+ROUNDS = RDPCurve.pure(0.1) * 5
+
+
+class _ScreenThenTrain(PrivateSearcher):
+    """Unaccounted screening trials, then one accounted final trial: curve = 5 pure-ε rounds + plan."""
+
+    threat_model = "training set (test searcher)"
+    coverage = "the final trial (test searcher)"
+
+    def __init__(self):
+        super().__init__(metric="acc", mode="max")
+        self._num_trials, self._seed = 3, 0
+
+    def accounts_trial(self, config):
+        return config.get("final", False)
+
+    def search_curve(self, plan, *, generic=False):
+        return ROUNDS + plan
+
+    def privacy_details(self):
+        return {"released_trial_id": "final", "rounds": 5}
+
+
+class _SelfReleasing(PrivateSearcher):
+    threat_model = "validation set (test searcher)"
+    coverage = "the searcher's release (test searcher)"
+
+    def __init__(self, delta=1e-6):
+        super().__init__(metric="acc", mode="max")
+        self._num_trials, self._seed, self._delta = 2, 0, delta
+
+    def accounts_trial(self, config):
+        return False
+
+    def release_guarantee(self):
+        return {"epsilon": 2.0, "delta": self._delta, "assumption": "test"}
+
+
+def _trial(trial_id, **config):
+    return SimpleNamespace(trial_id=trial_id, config=config)
+
+
+def test_screening_trials_need_no_plan_and_their_failures_are_covered_by_the_searcher():
+    accountant = PrivacyAccountantCallback(_ScreenThenTrain(), delta=1e-5, verbose=False)
+    accountant.setup(num_samples=-1)
+    screen = _trial("screen")
+    accountant.on_trial_start(0, [], screen)
+    accountant.on_trial_error(0, [], screen)  # failed screening attempt: no plan charged
+    accountant.on_trial_start(0, [], screen)
+    accountant.on_trial_result(0, [], screen, {"acc": 0.5})  # no dp_plan: accepted
+    accountant.on_trial_complete(0, [], screen)  # no plan reached: not an early stop
+    accountant.on_step_begin(0, [])
+    assert accountant.guarantee()["epsilon"] is None  # the final trial has not reported its plan yet
+    final = _trial("final", final=True)
+    accountant.on_trial_start(0, [], final)
+    with pytest.raises(PrivacyError, match="valid 'dp_plan'"):
+        accountant.on_trial_result(0, [], final, {"acc": 0.9})
+    accountant.on_trial_result(0, [], final, {"acc": 0.9, "dp_plan": PLAN.to_dict(), "dp_spent": PLAN.to_dict()})
+    accountant.on_trial_complete(0, [], final)
+    guarantee = accountant.guarantee()
+    assert guarantee["failed_attempts"] == 0
+    assert guarantee["epsilon"] == pytest.approx((ROUNDS + PLAN.curve()).epsilon(1e-5), rel=1e-12)
+    report = accountant.report()
+    assert report["unaccounted_trials"] == ["screen"]
+    assert report["threat_model"] == _ScreenThenTrain.threat_model
+    assert report["covers"] == _ScreenThenTrain.coverage
+    assert report["details"] == {"released_trial_id": "final", "rounds": 5}
+    assert report["law"] is None and report["density_ratio"] is None
+
+
+def test_a_failed_accounted_attempt_is_charged_its_plan_on_top_of_the_searchers_curve():
+    accountant = PrivacyAccountantCallback(_ScreenThenTrain(), delta=1e-5, plan=PLAN, verbose=False)
+    final = _trial("final", final=True)
+    accountant.on_trial_start(0, [], final)
+    accountant.on_trial_error(0, [], final)
+    accountant.on_trial_start(0, [], final)
+    curve = np.array(accountant.guarantee()["curve"]["epsilons"], dtype=float)
+    np.testing.assert_allclose(curve, (ROUNDS + PLAN.curve() + PLAN.curve()).epsilons, rtol=1e-12)
+
+
+def test_a_release_guarantee_is_reported_as_the_searcher_states_it():
+    accountant = PrivacyAccountantCallback(_SelfReleasing(), delta=1e-5, target_epsilon=2.5, verbose=False)
+    accountant.setup(num_samples=-1)
+    trial = _trial("t")
+    accountant.on_trial_start(0, [], trial)
+    accountant.on_trial_result(0, [], trial, {"acc": 0.7})
+    accountant.on_trial_complete(0, [], trial)
+    guarantee = accountant.guarantee()
+    assert (guarantee["epsilon"], guarantee["delta"], guarantee["assumption"]) == (2.0, 1e-6, "test")
+
+
+def test_a_release_guarantee_above_the_target_or_the_callbacks_delta_is_refused():
+    with pytest.raises(PrivacyError, match="above target_epsilon"):
+        PrivacyAccountantCallback(_SelfReleasing(), delta=1e-5, target_epsilon=1.5, verbose=False)
+    with pytest.raises(PrivacyError, match="releases at δ = 0.001"):
+        PrivacyAccountantCallback(_SelfReleasing(delta=1e-3), delta=1e-5, verbose=False)
+
+
+def test_searchers_outside_the_protocol_and_the_ledger_for_other_searchers_are_refused(tmp_path):
+    with pytest.raises(TypeError, match="ray_dptune DP searcher"):
+        PrivacyAccountantCallback(SimpleNamespace(num_trials=3), delta=1e-5)
+    ledger = PrivacyLedger(tmp_path / "ledger.db")
+    with pytest.raises(UnsupportedBoundError, match="ledger composes random-count"):
+        PrivacyAccountantCallback(_ScreenThenTrain(), delta=1e-5, ledger=ledger, dataset="d")
