@@ -22,6 +22,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "RandomCountSearcher": "ray_dptune.search.random_count",
     "DPHyPOSearcher": "ray_dptune.search.dphypo",
+    "ConstantOverheadSearcher": "ray_dptune.search.constant_overhead",
+    "DPBOSearcher": "ray_dptune.search.dpbo",
     "PrivacyAccountantCallback": "ray_dptune.callbacks",
     "PrivacyGuardScheduler": "ray_dptune.schedulers",
     "check_scheduler": "ray_dptune.schedulers",
@@ -32,6 +34,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "ConstantOverheadSearcher",
+    "DPBOSearcher",
     "DPHyPOSearcher",
     "Geometric",
     "Logarithmic",

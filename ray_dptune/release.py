@@ -72,6 +72,11 @@ def release_best(
     guarantee = {**report["guarantee"], "covers": report["covers"]}
     details = report.get("details") or {}
     if "release" in details:  # the searcher released its own output (DP-BO's λ̃ and ṽ)
+        if details["release"] is None:
+            raise PrivacyError(
+                f"{report.get('searcher')} releases its own output when the search ends, and this search did not "
+                "finish: nothing may be released (its trials' raw scores are not private)."
+            )
         released, keep = ReleasedTrial(details["release"]["config"], details["release"]["score"], None, guarantee), None
     else:
         best, score = _released_trial(trials, report, details, metric, mode)

@@ -29,11 +29,22 @@ class PrivacyGuardScheduler(FIFOScheduler):
     The accountant callback raises :class:`~ray_dptune.errors.PrivacyError` for
     the same report; stopping the trial here keeps it from taking another step
     while that error propagates.
+
+    Args:
+        searcher: the DP searcher; trials it does not account (constant-overhead
+            screening trials, DP-BO's trials on public training data) report no plan
+            and run on. Without it, every trial must report its plan and spend.
     """
+
+    def __init__(self, searcher: Any = None):
+        super().__init__()
+        self._searcher = searcher
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         from ray_dptune.callbacks import PLAN_KEY, SPENT_KEY, _covers
 
+        if self._searcher is not None and not self._searcher.accounts_trial(trial.config):
+            return TrialScheduler.CONTINUE
         plan, spent = _nested(result, PLAN_KEY), _nested(result, SPENT_KEY)
         try:
             over = not _covers(plan, spent)
@@ -80,7 +91,7 @@ def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> 
         )
     return tune.TuneConfig(
         search_alg=searcher,
-        scheduler=scheduler or PrivacyGuardScheduler(),
+        scheduler=scheduler or PrivacyGuardScheduler(searcher),
         num_samples=-1,
         **kwargs,
     )
