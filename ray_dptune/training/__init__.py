@@ -10,23 +10,32 @@ Importing this package imports torch and Opacus, but not Ray (only a running tri
 :meth:`DPTrainable.privacy_plan` do).
 """
 
+from ray_dptune.training.clipping import ClippingMode
 from ray_dptune.training.data import digits_data
 from ray_dptune.training.loop import Report, train, train_step
 from ray_dptune.training.models import digits_cnn
+from ray_dptune.training.oso import OSODPOptimizer
+from ray_dptune.training.partition import PARTITION_KEY, Partition
 from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, sampling_schedule, space_plan, trial_plan
+from ray_dptune.training.quantile import QuantileClipDPOptimizer
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, Hyperparameters, OptimizerName, TrainSpec
 from ray_dptune.training.state import PrivacyLedger, TrainState
 from ray_dptune.training.trainable import DPTrainable, dp_trainable
 
 __all__ = [
     "DEFAULT_GRAD_SAMPLE_MODE",
+    "PARTITION_KEY",
     "PRIVACY_KEYS",
+    "ClippingMode",
     "DPTrainable",
     "GradSampleMode",
     "Hyperparameters",
+    "OSODPOptimizer",
     "OptimizerName",
+    "Partition",
     "PrivacyLedger",
     "PrivacyParams",
+    "QuantileClipDPOptimizer",
     "Report",
     "TrainSpec",
     "TrainState",

@@ -1,7 +1,9 @@
 """One trial's DP-SGD training loop, independent of Ray: :func:`train`.
 
 The loop trains with Opacus (``opacus.PrivacyEngine.make_private``: Poisson sampling,
-flat clipping, a fixed noise multiplier) and, once per epoch, evaluates, reports the
+a fixed noise multiplier, and the clipping of ``config["clipping"]``, see
+:mod:`~ray_dptune.training.clipping`) on the training set or one part of it
+(:mod:`~ray_dptune.training.partition`) and, once per epoch, evaluates, reports the
 score with the trial's privacy plan and spending, and saves a checkpoint. Reporting
 goes through an injected ``report(metrics, checkpoint_dir)``, so that the loop runs
 in tests without Ray; :class:`ray_dptune.training.trainable.DPTrainable` passes
@@ -24,13 +26,20 @@ import numpy as np
 import torch
 from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
-from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
+from ray_dptune.training.clipping import (
+    Clipping,
+    FixedClipping,
+    clipping_from_config,
+    clipping_state,
+    restore_clipping_state,
+)
+from ray_dptune.training.partition import PARTITION_KEY, Partition
 from ray_dptune.training.plan import PrivacyParams, sampling_schedule, trial_plan
 from ray_dptune.training.spec import Hyperparameters, LossFn, TrainSpec
 from ray_dptune.training.state import PrivacyLedger, TrainState
@@ -46,14 +55,17 @@ _OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"sgd": torch.optim.SGD, "
 # Modes whose per-sample gradient code rejects a batch of size 0 (measured with Opacus 1.6).
 _EMPTY_BATCH_UNSUPPORTED = frozenset({"ew", "functorch"})
 _EVAL_BATCH_SIZE = 1024
+_FIXED_CLIPPING = FixedClipping()
 
 
 @dataclass(frozen=True)
-class _PrivateRun:
-    """The objects ``make_private`` returns, ready for the epoch loop."""
+class _Run:
+    """What the epoch loop trains with: ``make_private``'s objects, or plain ones for a non-private part."""
 
-    model: nn.Module
-    optimizer: DPOptimizer
+    model: nn.Module  # what trains: a GradSampleModule when private
+    module: nn.Module  # the plain model, evaluated and checkpointed
+    optimizer: torch.optim.Optimizer  # a DPOptimizer when private
+    inner_optimizer: torch.optim.Optimizer  # the non-private optimizer, checkpointed
     criterion: Callable[..., Any]
     loader: DataLoader
     zero_weight_empty_batches: bool
@@ -109,41 +121,51 @@ def train(
     report: Report,
     *,
     resume: TrainState | None = None,
-) -> TrialSpend:
+) -> TrialSpend | None:
     """Trains one trial with DP-SGD, reporting after every epoch.
 
     Each report carries ``"epoch"`` (epochs done), ``spec.metric`` (validation accuracy,
     noisy when ``score_noise_multiplier`` is set), ``"dp_plan"`` (the most the trial will
     spend, fixed before training) and ``"dp_spent"`` (spent so far, this report's score
-    included), both ``TrialSpend.to_dict()`` records, and comes with a checkpoint.
+    included), both ``TrialSpend.to_dict()`` records, and comes with a checkpoint. A
+    non-private part (``config["dp_partition"]["private"]`` False) trains with plain
+    SGD and reports ``"dp_private": False`` instead of the two records.
 
     Args:
         config: the trial's config; needs ``lr`` and ``max_grad_norm``, and may override
             the privacy parameters (``noise_multiplier``, ``batch_size``, ``epochs``,
-            ``score_noise_multiplier``).
+            ``score_noise_multiplier``) and set ``clipping`` and its keys
+            (:mod:`~ray_dptune.training.clipping`) and ``dp_partition``
+            (:mod:`~ray_dptune.training.partition`).
         spec: the model, data, loss and fixed settings.
         report: called as ``report(metrics, checkpoint_dir)`` once per epoch; the
             directory is deleted when it returns.
-        resume: a checkpoint of this trial to continue from (next epoch, spending kept).
+        resume: a checkpoint of this trial to continue from (next epoch, spending and
+            adaptive clipping state kept).
 
     Returns:
-        What the trial spent.
+        What the trial spent; None for a non-private part.
 
     Raises:
-        ValueError: missing or invalid hyperparameters.
+        ValueError: missing or invalid hyperparameters, clipping options or partition.
         PrivacyError: the run would not match or would exceed its plan.
     """
-    hyper = Hyperparameters.from_config(config)
-    params = PrivacyParams.resolve(config, spec.privacy)
+    hyper, params, partition, clipping = _settings(config, spec)
+    private = clipping is not None
     train_set, val_set = spec.data_fn(config)
-    plan = trial_plan(params, len(train_set))
+    if partition is not None:
+        train_set = partition.subset(train_set)
+    plan = trial_plan(params, len(train_set)) if private else None
     if resume is not None and resume.plan != plan:
         raise PrivacyError(f"The checkpoint's plan {resume.plan} differs from this trial's plan {plan}.")
-    ledger = PrivacyLedger(plan, resume.spent if resume else None)
+    ledger = PrivacyLedger(plan, resume.spent if resume else None) if private else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     randomness = _Randomness(spec.seed, device)
-    run = _prepare_run(config, spec, params, hyper, train_set, resume, randomness, device)
-    run.optimizer.attach_step_hook(ledger.step_hook)  # replaces the PrivacyEngine accountant's hook
+    if private:
+        run = _prepare_run(config, spec, params, hyper, train_set, resume, randomness, device, clipping=clipping)
+        run.optimizer.attach_step_hook(ledger.step_hook)  # replaces the PrivacyEngine accountant's hook
+    else:
+        run = _prepare_plain_run(config, spec, params, hyper, train_set, resume, randomness, device)
     if resume is not None and resume.epoch >= params.epochs:
         # Restored after its last report: report it again (nothing new is spent), so that
         # Tune and the accountant see the trial finish with its plan spent.
@@ -151,13 +173,43 @@ def train(
     for epoch in range(resume.epoch if resume else 0, params.epochs):
         randomness.start_epoch(epoch)
         _train_epoch(run, device)
-        correct = _count_correct(run.model._module, val_set, device)
+        correct = _count_correct(run.module, val_set, device)
         score = _release_score(correct, len(val_set), params.score_noise_multiplier, ledger, randomness)
-        module_state, optimizer_state = run.model._module.state_dict(), run.optimizer.original_optimizer.state_dict()
-        _report_state(
-            report, spec.metric, TrainState(epoch + 1, score, plan, ledger.spent, module_state, optimizer_state)
+        state = TrainState(
+            epoch + 1,
+            score,
+            plan,
+            ledger.spent if private else None,
+            run.module.state_dict(),
+            run.inner_optimizer.state_dict(),
+            clipping_state(clipping, run.optimizer) if private else None,
         )
-    return ledger.spent
+        _report_state(report, spec.metric, state)
+    return ledger.spent if private else None
+
+
+def _settings(
+    config: Mapping[str, Any], spec: TrainSpec
+) -> tuple[Hyperparameters, PrivacyParams, Partition | None, Clipping | None]:
+    """The trial's settings, all validated before any data is touched; no clipping for a non-private part."""
+    hyper = Hyperparameters.from_config(config)
+    params = PrivacyParams.resolve(config, spec.privacy)
+    partition = Partition.from_config(config)
+    if partition is not None and not partition.private:
+        if params.score_noise_multiplier is not None:
+            raise ValueError(
+                f"A non-private part (config['{PARTITION_KEY}']['private'] = False) reports no privacy plan, so "
+                "its score cannot be a private release: use a public validation set (score_noise_multiplier=None)."
+            )
+        return hyper, params, partition, None
+    clipping = clipping_from_config(
+        config,
+        noise_multiplier=params.noise_multiplier,
+        batch_size=params.batch_size,
+        grad_sample_mode=spec.grad_sample_mode,
+        optimizer=spec.optimizer,
+    )
+    return hyper, params, partition, clipping
 
 
 def train_step(
@@ -190,13 +242,11 @@ def _prepare_run(
     resume: TrainState | None,
     randomness: _Randomness,
     device: torch.device,
-) -> _PrivateRun:
+    *,
+    clipping: Clipping = _FIXED_CLIPPING,
+) -> _Run:
     """Model, optimizer and Poisson loader, restored from ``resume`` and made private."""
-    model = _compatible_model(spec.model_fn(config)).to(device)
-    optimizer = _OPTIMIZERS[spec.optimizer](model.parameters(), lr=hyper.lr)
-    if resume is not None:
-        model.load_state_dict(resume.model_state)
-        optimizer.load_state_dict(resume.optimizer_state)
+    model, optimizer = _model_and_optimizer(config, spec, hyper, resume, device)
     sample_rate, steps_per_epoch = sampling_schedule(len(train_set), params.batch_size)
     # Built here so that q is exactly batch_size / n; make_private(poisson_sampling=True)
     # would rebuild it at q = 1 / ceil(n / batch_size).
@@ -225,17 +275,52 @@ def _prepare_run(
             f"Opacus's loader takes {len(loader)} steps per epoch at q = {loader.sample_rate}; "
             f"the plan assumed {steps_per_epoch} at q = {sample_rate}."
         )
-    return _PrivateRun(model, dp_optimizer, criterion, loader, spec.grad_sample_mode in _EMPTY_BATCH_UNSUPPORTED)
+    dp_optimizer = clipping.wrap(dp_optimizer)
+    if resume is not None:
+        restore_clipping_state(clipping, dp_optimizer, resume.clipping_state)
+    empty_batch_placeholder = spec.grad_sample_mode in _EMPTY_BATCH_UNSUPPORTED
+    return _Run(model, model._module, dp_optimizer, optimizer, criterion, loader, empty_batch_placeholder)
+
+
+def _prepare_plain_run(
+    config: Mapping[str, Any],
+    spec: TrainSpec,
+    params: PrivacyParams,
+    hyper: Hyperparameters,
+    train_set: Dataset,
+    resume: TrainState | None,
+    randomness: _Randomness,
+    device: torch.device,
+) -> _Run:
+    """Model, optimizer and shuffled loader of plain (non-private) SGD, restored from ``resume``."""
+    model, optimizer = _model_and_optimizer(config, spec, hyper, resume, device)
+    loader = DataLoader(train_set, batch_size=params.batch_size, shuffle=True, generator=randomness.sampling)
+    return _Run(model, model, optimizer, optimizer, spec.loss_fn, loader, False)
+
+
+def _model_and_optimizer(
+    config: Mapping[str, Any],
+    spec: TrainSpec,
+    hyper: Hyperparameters,
+    resume: TrainState | None,
+    device: torch.device,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The model (as DP-SGD can train it, private or not) and its optimizer, restored from ``resume``."""
+    model = _compatible_model(spec.model_fn(config)).to(device)
+    optimizer = _OPTIMIZERS[spec.optimizer](model.parameters(), lr=hyper.lr)
+    if resume is not None:
+        model.load_state_dict(resume.model_state)
+        optimizer.load_state_dict(resume.optimizer_state)
+    return model, optimizer
 
 
 def _report_state(report: Report, metric: str, state: TrainState) -> None:
     """Reports one epoch's metrics with ``state`` saved as the checkpoint."""
-    metrics = {
-        "epoch": state.epoch,
-        metric: state.score,
-        "dp_plan": state.plan.to_dict(),
-        "dp_spent": state.spent.to_dict(),
-    }
+    metrics: dict[str, Any] = {"epoch": state.epoch, metric: state.score}
+    if state.plan is None:
+        metrics["dp_private"] = False
+    else:
+        metrics.update({"dp_plan": state.plan.to_dict(), "dp_spent": state.spent.to_dict()})
     with tempfile.TemporaryDirectory() as directory:
         state.save(directory)
         report(metrics, directory)
@@ -259,13 +344,13 @@ def _compatible_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def _train_epoch(run: _PrivateRun, device: torch.device) -> None:
-    """One pass of the Poisson loader: one noisy step per batch, empty batches included."""
+def _train_epoch(run: _Run, device: torch.device) -> None:
+    """One pass of the loader: for DP-SGD one noisy step per Poisson batch, empty batches included."""
     for inputs, targets in run.loader:
         _step_on_batch(run, inputs, targets, device)
 
 
-def _step_on_batch(run: _PrivateRun, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device) -> None:
+def _step_on_batch(run: _Run, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device) -> None:
     """One noisy step on one Poisson batch.
 
     An empty batch must still be a noise-only step (skipping it would reveal that the
@@ -298,7 +383,7 @@ def _release_score(
     correct: int,
     total: int,
     score_noise_multiplier: float | None,
-    ledger: PrivacyLedger,
+    ledger: PrivacyLedger | None,
     randomness: _Randomness,
 ) -> float:
     """Accuracy; with a score σ, (correct + N(0, σ²)) / total, the Gaussian mechanism on a count."""

@@ -23,7 +23,16 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from ray_dptune.accounting.spend import TrialSpend
 
-__all__ = ["PRIVACY_KEYS", "PrivacyParams", "sampling_schedule", "space_plan", "trial_plan"]
+__all__ = [
+    "PRIVACY_KEYS",
+    "PrivacyParams",
+    "candidates",
+    "describe_plans",
+    "dominant_plan",
+    "sampling_schedule",
+    "space_plan",
+    "trial_plan",
+]
 
 UNTUNABLE_BATCH_RANGE = (
     "batch_size is given as a range ({domain}); the privacy cost is not monotone in the batch "
@@ -128,26 +137,33 @@ def space_plan(param_space: Mapping[str, Any], defaults: PrivacyParams, dataset_
             a batch-size range, a non-integer range of epochs), or no combination
             dominates all others.
     """
-    candidates = [
-        _candidates(key, param_space[key]) if key in param_space else [getattr(defaults, key)] for key in PRIVACY_KEYS
+    values_per_key = [
+        candidates(key, param_space[key]) if key in param_space else [getattr(defaults, key)] for key in PRIVACY_KEYS
     ]
-    combinations = itertools.product(*candidates)
-    plans = list(
-        dict.fromkeys(
-            trial_plan(PrivacyParams(**dict(zip(PRIVACY_KEYS, values))), dataset_size) for values in combinations
-        )
-    )
+    plans = [
+        trial_plan(PrivacyParams(**dict(zip(PRIVACY_KEYS, values))), dataset_size)
+        for values in itertools.product(*values_per_key)
+    ]
+    plan = dominant_plan(plans)
+    if plan is None:
+        raise ValueError(NO_DOMINANT_PLAN.format(plans=describe_plans(dict.fromkeys(plans))))
+    return plan
+
+
+def dominant_plan(plans: Iterable[TrialSpend]) -> TrialSpend | None:
+    """The plan whose RDP curve is at least every other's at every order, or None if there is none."""
+    plans = list(dict.fromkeys(plans))
     if len(plans) == 1:
         return plans[0]
     curves = [plan.curve() for plan in plans]
     for plan, curve in zip(plans, curves):
         if all(curve.dominates(other) for other in curves):
             return plan
-    raise ValueError(NO_DOMINANT_PLAN.format(plans=_describe(plans)))
+    return None
 
 
-def _candidates(key: str, value: Any) -> list[Any]:
-    """The values of one privacy key that the worst case must be taken over."""
+def candidates(key: str, value: Any) -> list[Any]:
+    """The values of one key of a Tune space that a worst case must be taken over."""
     from ray.tune.search.sample import Categorical, Domain, Float, Integer  # imported here: Ray is slow to import
 
     if isinstance(value, Mapping) and "grid_search" in value:
@@ -180,7 +196,8 @@ def _check_positive_real(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
 
 
-def _describe(plans: Iterable[TrialSpend]) -> str:
+def describe_plans(plans: Iterable[TrialSpend]) -> str:
+    """One line per plan's parameters, for error messages."""
     return "; ".join(
         f"(q={p.sample_rate:.4g}, σ={p.noise_multiplier:g}, steps={p.steps}, "
         f"score σ={p.score_noise_multiplier}, releases={p.score_releases})"

@@ -44,7 +44,7 @@ OptimizerName = Literal["sgd", "adam"]
 LossFn = Callable[..., torch.Tensor]
 """``loss_fn(logits, targets, reduction="mean")``, e.g. ``torch.nn.functional.cross_entropy``."""
 
-RESERVED_METRICS = ("epoch", "dp_plan", "dp_spent")
+RESERVED_METRICS = ("epoch", "dp_plan", "dp_spent", "dp_private")
 MISSING_HYPERPARAMETER = (
     "config[{key!r}] is required: dp_trainable reads the {what} from the trial's config, e.g. "
     "param_space={{'lr': tune.loguniform(1e-2, 2), 'max_grad_norm': tune.uniform(0.1, 5)}}."

@@ -23,29 +23,34 @@ class TrainState:
     Attributes:
         epoch: epochs completed.
         score: the score reported with this checkpoint (already released, noisy or not).
-        plan: the trial's plan.
-        spent: what the trial had spent when the checkpoint was taken.
+        plan: the trial's plan; None for a non-private trial (``"private": False`` partition).
+        spent: what the trial had spent when the checkpoint was taken; None when ``plan`` is.
         model_state: ``state_dict`` of the unwrapped model (a ``GradSampleModule`` may not pickle).
         optimizer_state: ``state_dict`` of the (non-private) optimizer.
+        clipping_state: an adaptive clipping mode's state (its ``clipping_state_dict()``
+            with its ``"mode"``), None for fixed clipping.
     """
 
     epoch: int
     score: float
-    plan: TrialSpend
-    spent: TrialSpend
+    plan: TrialSpend | None
+    spent: TrialSpend | None
     model_state: dict[str, Any]
     optimizer_state: dict[str, Any]
+    clipping_state: dict[str, Any] | None = None
 
     def save(self, directory: str | Path) -> None:
-        """Writes ``model.pt``, ``optimizer.pt`` and ``progress.json`` into ``directory``."""
+        """Writes ``model.pt``, ``optimizer.pt``, ``progress.json`` and, if any, ``clipping.pt``."""
         directory = Path(directory)
         torch.save(self.model_state, directory / "model.pt")
         torch.save(self.optimizer_state, directory / "optimizer.pt")
+        if self.clipping_state is not None:
+            torch.save(self.clipping_state, directory / "clipping.pt")
         progress = {
             "epoch": self.epoch,
             "score": self.score,
-            "dp_plan": self.plan.to_dict(),
-            "dp_spent": self.spent.to_dict(),
+            "dp_plan": None if self.plan is None else self.plan.to_dict(),
+            "dp_spent": None if self.spent is None else self.spent.to_dict(),
         }
         (directory / "progress.json").write_text(json.dumps(progress))
 
@@ -54,13 +59,15 @@ class TrainState:
         """Reads :meth:`save`'s files; tensors are mapped to ``device``."""
         directory = Path(directory)
         progress = json.loads((directory / "progress.json").read_text())
+        clipping = directory / "clipping.pt"
         return cls(
             epoch=int(progress["epoch"]),
             score=float(progress["score"]),
-            plan=TrialSpend.from_dict(progress["dp_plan"]),
-            spent=TrialSpend.from_dict(progress["dp_spent"]),
+            plan=None if progress["dp_plan"] is None else TrialSpend.from_dict(progress["dp_plan"]),
+            spent=None if progress["dp_spent"] is None else TrialSpend.from_dict(progress["dp_spent"]),
             model_state=torch.load(directory / "model.pt", map_location=device, weights_only=True),
             optimizer_state=torch.load(directory / "optimizer.pt", map_location=device, weights_only=True),
+            clipping_state=torch.load(clipping, map_location=device, weights_only=True) if clipping.exists() else None,
         )
 
 

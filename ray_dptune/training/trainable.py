@@ -17,7 +17,8 @@ from torch.utils.data import Dataset
 
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.training.loop import train
-from ray_dptune.training.plan import PrivacyParams, space_plan
+from ray_dptune.training.partition import PARTITION_KEY, Partition, part_sizes
+from ray_dptune.training.plan import PrivacyParams, candidates, describe_plans, dominant_plan, space_plan
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, LossFn, OptimizerName, TrainSpec
 from ray_dptune.training.state import TrainState
 
@@ -45,7 +46,31 @@ def dp_trainable(
     Gaussian noise of std ``noise_multiplier * max_grad_norm``, steps with
     ``optimizer`` at ``config["lr"]``, and after each epoch reports the validation
     accuracy as ``metric`` with ``"epoch"``, ``"dp_plan"`` and ``"dp_spent"``, and a
-    checkpoint. A trial restored by Tune continues from its last checkpoint, spending included.
+    checkpoint. A trial restored by Tune continues from its last checkpoint, spending
+    and adaptive clipping state included.
+
+    ``config["clipping"]`` chooses how (:mod:`~ray_dptune.training.clipping`):
+
+    * ``"fixed"`` (default): as above.
+    * ``"quantile"``: C_0 = ``max_grad_norm`` follows the ``target_quantile`` (0.5) of
+      the per-sample gradient norms at rate ``clipbound_lr`` (0.2), from a count noised
+      with std ``unclipped_num_std`` (batch_size / 20; must exceed σ/2) (Andrew et al.
+      2021, with Opacus's ``AdaClipDPOptimizer`` corrected to satisfy their Theorem 1).
+    * ``"oso"``: OSO-DPSGD (Galli et al., Algorithm 1): C_0 = ``max_grad_norm`` and the
+      SGD learning rate ρ_0 = ``lr`` are learned online at rates ``oso_rho_c`` and
+      ``oso_rho_r`` (2.5e-3 each), from clipping directions noised with multiplier
+      ``oso_noise_multiplier_q`` (≈ 7.124σ; must exceed σ). SGD only.
+
+    Each mode splits σ so that a step costs exactly one DP-SGD step at σ (Proposition
+    1 of Galli et al., Theorem 1 of Andrew et al.): the plan is the same in every mode.
+
+    ``config["dp_partition"] = {"index": i, "count": k}`` trains on part i of k of the
+    training set (disjoint parts, each example's fixed by a hash of its content:
+    :mod:`~ray_dptune.training.partition`), with q = batch_size / (part size) in its
+    plan; the validation set is unchanged. With ``"private": False`` the part trains
+    with plain SGD (shuffled batches of batch_size, no clipping or noise) and reports
+    ``"dp_private": False`` instead of ``"dp_plan"`` and ``"dp_spent"``: only for a
+    searcher whose own mechanism protects the scores (Ding et al.'s sparse vector).
 
     Example:
         .. code-block:: python
@@ -125,18 +150,56 @@ class DPTrainable:
     def privacy_plan(self, param_space: Mapping[str, Any], *, dataset_size: int | None = None) -> TrialSpend:
         """A plan that covers every trial of ``param_space`` (see :func:`~ray_dptune.training.plan.space_plan`).
 
+        When ``param_space`` has ``"dp_partition"`` (fixed, ``tune.choice`` or
+        ``tune.grid_search``), the plan covers every part it may name, each at its own
+        size; parts must be private.
+
         Args:
             param_space: the ``param_space`` of ``tune.Tuner``.
             dataset_size: size of the training set; by default ``data_fn`` is called
-                with the space's fixed (non-tuned) entries.
+                with the space's fixed (non-tuned) entries. Not with ``"dp_partition"``,
+                whose part sizes need the data.
 
         Raises:
-            ValueError: the privacy parameters vary so that no trial's plan covers all.
+            ValueError: the privacy parameters or parts vary so that no trial's plan
+                covers all, or a part is not private.
         """
+        if PARTITION_KEY in param_space:
+            return self._partition_plan(param_space, dataset_size)
         if dataset_size is None:
-            fixed = {key: value for key, value in param_space.items() if _is_fixed(value)}
-            dataset_size = len(self.spec.data_fn(fixed)[0])
+            dataset_size = len(self._train_set(param_space))
         return space_plan(param_space, self.spec.privacy, dataset_size)
+
+    def _partition_plan(self, param_space: Mapping[str, Any], dataset_size: int | None) -> TrialSpend:
+        if dataset_size is not None:
+            raise ValueError(f"dataset_size cannot be given with {PARTITION_KEY!r}: the part sizes come from data_fn.")
+        rest = {key: value for key, value in param_space.items() if key != PARTITION_KEY}
+        partitions = [
+            Partition.from_config({PARTITION_KEY: value})
+            for value in candidates(PARTITION_KEY, param_space[PARTITION_KEY])
+        ]
+        if any(partition is not None and not partition.private for partition in partitions):
+            raise ValueError(
+                "A part with 'private': False trains without DP and has no DP-SGD plan; plan only the private trials."
+            )
+        train_set = self._train_set(rest)
+        sizes = {count: part_sizes(train_set, count) for count in {p.count for p in partitions if p is not None}}
+        plans = [
+            space_plan(rest, self.spec.privacy, len(train_set) if p is None else int(sizes[p.count][p.index]))
+            for p in partitions
+        ]
+        plan = dominant_plan(plans)
+        if plan is None:
+            raise ValueError(
+                f"No part of {PARTITION_KEY!r} spends at least as much as every other one at every Rényi order "
+                f"(their sizes give q and the steps per epoch): {describe_plans(dict.fromkeys(plans))}. "
+                "Plan each part's trials separately."
+            )
+        return plan
+
+    def _train_set(self, param_space: Mapping[str, Any]) -> Dataset:
+        fixed = {key: value for key, value in param_space.items() if _is_fixed(value)}
+        return self.spec.data_fn(fixed)[0]
 
     def __repr__(self) -> str:
         return f"DPTrainable({self.__name__}, {self.spec.privacy})"
