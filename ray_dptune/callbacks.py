@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 REPORT_FILE = "privacy_report.json"
 PLAN_KEY = "dp_plan"
 SPENT_KEY = "dp_spent"
+_WITHHELD = "withheld: chosen from results the guarantee does not release"
 
 
 class PrivacyAccountantCallback(Callback):
@@ -282,8 +283,9 @@ class PrivacyAccountantCallback(Callback):
     # ------------------------------------------------------------------ report
     def report(self) -> dict[str, Any]:
         """The privacy report: law, K, plan, per-trial spend, failures, final (ε, δ), coverage."""
+        public = self._searcher.configs_public
         started = {
-            trial_id: {"config": self._configs.get(trial_id), "attempts": attempts}
+            trial_id: {"config": self._configs.get(trial_id) if public else _WITHHELD, "attempts": attempts}
             for trial_id, attempts in self._attempts.items()
         }
         return {

@@ -116,3 +116,14 @@ def test_searchers_outside_the_protocol_and_the_ledger_for_other_searchers_are_r
     ledger = PrivacyLedger(tmp_path / "ledger.db")
     with pytest.raises(UnsupportedBoundError, match="ledger composes random-count"):
         PrivacyAccountantCallback(_ScreenThenTrain(), delta=1e-5, ledger=ledger, dataset="d")
+
+
+def test_the_report_withholds_configurations_an_adaptive_searcher_chose_from_unreleased_results():
+    class _Adaptive(_SelfReleasing):
+        configs_public = False
+
+    for searcher, shown in ((_ScreenThenTrain(), {"lr": 0.5}), (_Adaptive(), None)):
+        accountant = PrivacyAccountantCallback(searcher, delta=1e-5, verbose=False)
+        accountant.on_trial_start(0, [], _trial("t", lr=0.5))
+        config = accountant.report()["trials"]["t"]["config"]
+        assert config == shown if shown else config.startswith("withheld")

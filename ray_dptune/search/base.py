@@ -51,6 +51,9 @@ class PrivateSearcher(Searcher):
 
     threat_model: ClassVar[str]
     coverage: ClassVar[str]
+    configs_public: ClassVar[bool] = True
+    """False when trial configurations depend on non-released results (adaptive searchers):
+    the privacy report then withholds them."""
     _num_trials: int
     _seed: int | None
 

@@ -233,10 +233,11 @@ class DPBOSearcher(PrivateSearcher):
     coverage = (
         "The guarantee covers the searcher's own release only: details['release'] = {config: λ̃, score: ṽ} "
         "(None for a part not released). The T configurations GP-UCB tried and their validation scores depend on "
-        "the validation set and are NOT covered: Ray keeps them on disk and this report lists the trials' "
-        "configurations for the operator (release_best(..., purge=True) deletes the trials' folders). No "
+        "the validation set and are NOT covered: Ray keeps them on disk and this report withholds them "
+        "(release_best(..., purge=True) deletes the trials' folders). No "
         "checkpoint is released: retrain with λ̃ on the public training data."
     )
+    configs_public = False  # GP-UCB picks them from raw validation scores
 
     def __init__(
         self,

@@ -319,6 +319,14 @@ class DPHyPOSearcher(RunCountSearcher):
         >>> config = private_tune_config(searcher, max_concurrent_trials=2)
     """
 
+    configs_public = False  # each draw's density depends on earlier trials' unreleased scores
+    coverage = (
+        "The guarantee covers the released output only: the selected (best) trial's configuration, score and "
+        "checkpoint, as returned by ray_dptune.release_best. The other trials' configurations were drawn from "
+        "densities fitted to unreleased scores: this report withholds them, and Ray's copies on disk are not "
+        "covered (release_best(..., purge=True) deletes the trials' folders)."
+    )
+
     def __init__(
         self,
         distribution: RunCountDistribution,
