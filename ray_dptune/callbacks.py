@@ -1,62 +1,66 @@
-"""PrivacyAccountantCallback: the single source of truth for a search's privacy."""
+"""PrivacyAccountantCallback: feeds Tune's events to the search's durable account."""
 
 from __future__ import annotations
 
 import json
-import logging
+import os
+import uuid
 from typing import Any
 
 from ray.tune import Callback
 
-from ray_dptune.accounting import RDPCurve, repeat_and_select
-from ray_dptune.accounting.spend import TrialSpend, curve_from_report, parse_report
-from ray_dptune.errors import PrivacyError, UnsupportedBoundError
+from ray_dptune.accounting.account import Guarantee, SearchAccount
+from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.spend import TrialSpend, parse_report, report_covers
+from ray_dptune.errors import PrivacyError
+from ray_dptune.journal import JOURNAL_FILE, SearchJournal
 from ray_dptune.ledger import PrivacyLedger
+from ray_dptune.report import REPORT_FILE, PrivacyReport, write_report
 from ray_dptune.search.base import PrivateSearcher, RunCountSearcher, refuse_truncation
 
 __all__ = ["PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
 
-logger = logging.getLogger(__name__)
-
-REPORT_FILE = "privacy_report.json"
 PLAN_KEY = "dp_plan"
 SPENT_KEY = "dp_spent"
 _WITHHELD = "withheld: chosen from results the guarantee does not release"
 
 
 class PrivacyAccountantCallback(Callback):
-    """Composes every trial's Rényi DP into one (ε, δ) for the whole search.
+    """Keeps one durable privacy account of the search and reports its (ε, δ), live and at the end.
 
-    The searcher says how (:class:`~ray_dptune.search.base.PrivateSearcher`): the
-    trials it accounts all satisfy one plan, and the whole search's curve is
-    ``searcher.search_curve(plan)`` — ``repeat_and_select(plan, law, density_ratio)``
-    for random-count and DP-HyPO searches (P&S Thm 2/6, DP-HyPO Thm 1), SVT rounds
-    plus the final training for constant-overhead tuning — composed with the plan of
-    every accounted attempt that failed or was interrupted and retried: such an
-    attempt touched the data, and it may have spent up to its plan before failing.
-    A searcher whose guarantee comes from its own release (DP Bayesian optimisation,
-    validation-set privacy) states it through ``searcher.release_guarantee()``.
+    The guarantee is computed in one place, :class:`~ray_dptune.accounting.account.SearchAccount`:
+    the searcher's mechanism (P&S Thms 2/6 and DP-HyPO Thm 1 for random-count searches,
+    sparse-vector rounds plus the final training for constant-overhead tuning, the
+    searcher's own release for DP-BO) covers one attempt per trial, up to K; every other
+    attempt that may have touched the data is composed at the full plan.
+
+    **Charge first, train second.** Every suggestion and every attempt start is written
+    to a write-ahead journal (``privacy_journal.db`` in the experiment folder, SQLite,
+    ``synchronous=FULL``) before Tune hands the trial to a worker. ``Tuner.restore``
+    rebuilds the account from the journal, not from Tune's throttled checkpoint, and
+    charges every attempt the killed driver left running or only suggested. A second
+    search into the same experiment folder is refused.
 
     Checks, each raising :class:`~ray_dptune.errors.PrivacyError`: a finite
-    ``num_samples`` below K; a plan above ``target_epsilon`` (before any trial
-    when ``plan`` is given); a result without a well-formed ``dp_plan`` and
-    ``dp_spent``; a trial whose plan is not covered by the search's plan; spending
-    above the plan.
+    ``num_samples`` below K; a plan above ``target_epsilon`` (before any trial when
+    ``plan`` is given); a result without a well-formed ``dp_plan`` and ``dp_spent``; a
+    trial whose plan the search's plan does not cover; spending above the plan; a trial
+    that ends before spending its plan (early stopping).
 
     Args:
         searcher: the DP searcher (a :class:`~ray_dptune.search.base.PrivateSearcher`).
-        delta: δ of the reported (ε, δ); a searcher with its own release guarantee
-            must not need a larger one.
+        delta: δ of the reported (ε, δ).
         plan: the most one trial may spend (a :class:`TrialSpend`, e.g. from
-            ``trainable.privacy_plan(param_space)``, or an :class:`RDPCurve`); when
-            None, the first trial's reported plan becomes the search's plan and
-            every later trial must report a plan it covers.
+            ``trainable.privacy_plan(param_space)``, or an :class:`RDPCurve`); when None,
+            the first trial's reported plan becomes the search's plan. Required with ``ledger``.
         target_epsilon: refuse to run a search whose guarantee would exceed it.
-        generic: also use the numeric P&S Lemma 7 bound (tighter, ~0.5 s per call).
+        generic: also use the numeric P&S Lemma 7 bound (tighter, ~0.5 s per plan).
         report_path: where ``privacy_report.json`` goes (default: the experiment folder).
-        ledger: a :class:`~ray_dptune.ledger.PrivacyLedger`; the search is recorded in it
-            and its guarantee composed with every earlier search on ``dataset``
-            (``epsilon_dataset`` in the report; ``target_epsilon`` then applies to it).
+        journal_path: where the journal goes (default: the experiment folder, which must
+            then be on a local or mounted filesystem).
+        ledger: a :class:`~ray_dptune.ledger.PrivacyLedger`: the search's worst-case
+            guarantee is kept there, and ``epsilon_dataset`` composes every search on ``dataset``
+            (``target_epsilon`` then applies to it).
         dataset: identifier of the private data set, required with ``ledger``.
         verbose: print a line each time the guarantee or the count of finished trials changes.
     """
@@ -70,6 +74,7 @@ class PrivacyAccountantCallback(Callback):
         target_epsilon: float | None = None,
         generic: bool = False,
         report_path: str | None = None,
+        journal_path: str | None = None,
         ledger: PrivacyLedger | None = None,
         dataset: str | None = None,
         verbose: bool = True,
@@ -79,151 +84,96 @@ class PrivacyAccountantCallback(Callback):
                 "searcher must be a ray_dptune DP searcher (RandomCountSearcher, DPHyPOSearcher, "
                 f"ConstantOverheadSearcher, DPBOSearcher), got {type(searcher).__name__}."
             )
-        if not 0.0 < float(delta) < 1.0:
-            raise ValueError(f"delta must lie strictly between 0 and 1, got {delta}.")
-        self._searcher = searcher  # read for metric, mode and its details, which change as it runs
-        run_count = isinstance(searcher, RunCountSearcher)
-        self._law = searcher.distribution.to_dict() if run_count else None
-        self._density_ratio = float(searcher.density_ratio) if run_count else None
-        self._num_trials = int(searcher.num_trials)
-        self._seed = searcher.seed
-        self._delta = float(delta)
-        self._release = searcher.release_guarantee()
-        if self._release is not None and self._release["delta"] > self._delta:
-            raise PrivacyError(
-                f"{type(searcher).__name__} releases at δ = {self._release['delta']:g}, above this callback's "
-                f"delta = {self._delta:g}: lower the searcher's δ or raise the callback's."
-            )
-        self._plan = _plan_record(plan)
-        self._target_epsilon = target_epsilon
-        self._generic = generic
-        self._report_path = report_path
-        self._attempts: dict[str, list[dict[str, Any]]] = {}
-        self._configs: dict[str, dict[str, Any]] = {}
-        self._trial_plans: dict[str, dict] = {}  # each trial's own plan (≤ the search's)
-        self._verbose = verbose
-        self._violation: PrivacyError | None = None
-        self._restored = False
-        self._last_logged: tuple | None = None
-        self._selection_cache: tuple[str, RDPCurve, RDPCurve] | None = None
         if (ledger is None) != (dataset is None):
             raise ValueError("ledger and dataset go together: pass both (or neither).")
-        if ledger is not None and not run_count:
-            raise UnsupportedBoundError(
-                f"The ledger composes random-count and DP-HyPO searches; {type(searcher).__name__}'s guarantee "
-                "is not recorded there yet. Run it without ledger= and compose its report by hand."
-            )
-        self._unaccounted: set[str] = set()  # trials the searcher's guarantee covers without a plan
-        self._ledger = ledger
-        self._dataset = dataset
-        self._experiment_id: str | None = None
-        self._earlier: RDPCurve | None = None  # what earlier searches on the dataset spent
-        if self._plan is not None:
-            self._selection()  # the plan is known: bound the search before Tune starts
-        if self._release is not None:
-            self._check_target()
+        if ledger is not None and plan is None and searcher.privacy_mechanism().kind != "release":
+            raise ValueError("A ledger needs plan= up front, so that every attempt is charged before it runs.")
+        self._searcher = searcher  # read for metric, mode and its details, which change as it runs
+        self._account = SearchAccount(
+            searcher.privacy_mechanism(), delta=delta, plan=_plan_record(plan), generic=generic
+        )
+        self._search_id = uuid.uuid4().hex
+        self._target_epsilon = target_epsilon
+        self._report_path = report_path
+        self._journal_path = journal_path
+        self._journal: SearchJournal | None = None
+        self._pending: list[dict[str, Any]] = []  # events before the journal's folder is known
+        self._ledger, self._dataset = ledger, dataset
+        self._ledger_charge: tuple | None = None
+        self._verbose = verbose
+        self._restored = False
+        self._violation: PrivacyError | None = None
+        self._configs: dict[str, Any] = {}
+        self._trial_plans: dict[str, dict] = {}
+        self._last_logged: tuple | None = None
+        searcher.attach_recorder(self._record)
+        self._check_target()  # the plan is known: bound the search before Tune starts
 
     # ------------------------------------------------------------------ the guarantee
-    def guarantee(self) -> dict[str, Any]:
+    def guarantee(self, *, if_stopped_now: bool = False) -> dict[str, Any]:
         """The current (ε, δ) of the whole search and how it is made up."""
-        if self._release is not None:
-            return {**self._release, "epsilon_dataset": None, "failed_attempts": len(self._failed_attempts())}
-        if self._plan is None:
-            return {"epsilon": None, "delta": self._delta, "reason": "no trial has reported its plan yet"}
-        plan_curve, selection = self._selection()
-        failed = self._failed_attempts()
-        total = selection + len(failed) * plan_curve if failed else selection
-        epsilon = total.epsilon(self._delta)
-        epsilon_selection = selection.epsilon(self._delta)
-        adaptivity = None
-        if self._density_ratio is not None and self._density_ratio > 1.0:
-            law = self._searcher.distribution
-            non_adaptive = repeat_and_select(plan_curve, law, generic=self._generic).epsilon(self._delta)
-            adaptivity = epsilon_selection - non_adaptive
-        dataset_total = None
-        if self._ledger is not None:
-            dataset_total = (total + self._earlier if self._earlier is not None else total).epsilon(self._delta)
-        return {
-            "epsilon": epsilon,
-            "delta": self._delta,
-            "epsilon_dataset": dataset_total,
-            "epsilon_selection": epsilon_selection,
-            "epsilon_one_trial": plan_curve.epsilon(self._delta),
-            "epsilon_adaptivity": adaptivity,
-            "failed_attempts": len(failed),
-            "curve": total.to_dict(),
-        }
+        guarantee = self._account.guarantee(if_stopped_now=if_stopped_now)
+        mechanism = self._account.mechanism
+        described = dict(mechanism.params["description"]) if mechanism.kind == "release" else {}
+        return {**described, **guarantee.to_dict(), "epsilon_dataset": self._dataset_epsilon(guarantee)}
 
-    def _selection(self) -> tuple[RDPCurve, RDPCurve]:
-        """(plan curve, selection bound), recomputed only when the plan changes."""
-        key = json.dumps(self._plan, sort_keys=True)
-        if self._selection_cache is None or self._selection_cache[0] != key:
-            plan_curve = curve_from_report(self._plan)
-            selection = self._searcher.search_curve(plan_curve, generic=self._generic)
-            self._selection_cache = (key, plan_curve, selection)
-        return self._selection_cache[1], self._selection_cache[2]
-
-    def _failed_attempts(self) -> list[dict[str, Any]]:
-        """Failed attempts of accounted trials (the others are covered by the searcher's own bound)."""
-        return [
-            attempt
-            for trial_id, attempts in self._attempts.items()
-            if trial_id not in self._unaccounted
-            for attempt in attempts
-            if attempt["status"] == "failed"
-        ]
+    @property
+    def account(self) -> SearchAccount:
+        """The search's account (read-only use)."""
+        return self._account
 
     # ------------------------------------------------------------------ Tune hooks
     def setup(self, **info: Any) -> None:
         if not self._restored:  # a restored experiment's spec no longer carries the user's num_samples
-            refuse_truncation(info.get("num_samples"), self._num_trials)
+            refuse_truncation(info.get("num_samples"), self._searcher.num_trials)
+        if self._journal_path is not None and (self._restored or os.path.exists(self._journal_path)):
+            self._open_journal(self._journal_path)
         if self._ledger is not None:
-            self._join_ledger()
+            recorded_on = self._ledger.dataset_of(self._search_id)
+            if recorded_on not in (None, self._dataset):
+                raise PrivacyError(
+                    f"This search was recorded in the ledger on dataset {recorded_on!r}, not {self._dataset!r}: "
+                    "restore it with the dataset it started on."
+                )
+            self._update_ledger(force=True)
         self._check_target()
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        attempts = self._attempts.setdefault(trial.trial_id, [])
-        interrupted = [attempt for attempt in attempts if attempt["status"] == "running"]
-        for attempt in interrupted:  # restarted without an error event: interrupted
-            attempt["status"] = "failed"
-        attempts.append({"status": "running", "spent": None})
+        if self._journal is None:
+            location = self._journal_location(trial)
+            if location is not None:
+                self._open_journal(location)
         self._configs[trial.trial_id] = _jsonable(trial.config)
-        if not self._searcher.accounts_trial(trial.config):
-            self._unaccounted.add(trial.trial_id)
-        self._record(trial.trial_id, durable=bool(interrupted))
-        self._log_progress()
+        accounted = bool(self._searcher.accounts_trial(trial.config))
+        self._record({"type": "started", "trial_id": trial.trial_id, "accounted": accounted})
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        if trial.trial_id in self._unaccounted:
+        if trial.trial_id in self._account.trials and not self._account.is_accounted(trial.trial_id):
             return
         trial_plan, spent = self._read_report(trial.trial_id, result)
-        if self._plan is None:
-            self._plan = trial_plan
-            if self._ledger is not None:
-                self._ledger.record_plan(self._experiment_id, trial_plan)
+        if self._account.plan is None:
+            self._record({"type": "plan", "plan": trial_plan})
             self._check_target()
-        elif not _covers(self._plan, trial_plan):
+        elif not report_covers(self._account.plan, trial_plan):
             raise PrivacyError(
-                f"Trial {trial.trial_id} plans to spend {trial_plan}, which the search's plan {self._plan} "
+                f"Trial {trial.trial_id} plans to spend {trial_plan}, which the search's plan {self._account.plan} "
                 "does not cover; every trial must satisfy one plan (the guarantee assumes it)."
             )
-        if not _covers(trial_plan, spent):
+        if not report_covers(trial_plan, spent):
             raise PrivacyError(
                 f"Trial {trial.trial_id} reported spending {spent}, above its plan {trial_plan}: "
                 "the guarantee no longer holds."
             )
-        self._current_attempt(trial.trial_id)["spent"] = spent
         self._trial_plans[trial.trial_id] = trial_plan
+        self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent})
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        attempt = self._current_attempt(trial.trial_id)
-        attempt["status"] = "completed"
-        self._record(trial.trial_id, durable=False)
-        self._log_progress()
-        if trial.trial_id in self._unaccounted:
+        self._record({"type": "completed", "trial_id": trial.trial_id})
+        if not self._account.is_accounted(trial.trial_id):
             return
         own_plan = self._trial_plans.get(trial.trial_id)
-        if own_plan is not None and attempt["spent"] is not None and _covers(attempt["spent"], own_plan):
+        spent = self._account.attempts_of(trial.trial_id)[-1]["spent"]
+        if own_plan is not None and spent is not None and report_covers(spent, own_plan):
             return  # the trial ran its whole plan
         # Tune logs and swallows errors raised while it stops a trial: raise at the next step.
         self._violation = PrivacyError(
@@ -238,76 +188,172 @@ class PrivacyAccountantCallback(Callback):
             raise self._violation
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._mark_failed(trial.trial_id)
+        self._record({"type": "failed", "trial_id": trial.trial_id})
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._mark_failed(trial.trial_id)
+        self._record({"type": "failed", "trial_id": trial.trial_id})
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self._violation is not None:
             raise self._violation
-        self._record()
-        if self._ledger is not None:  # other drivers may have added searches meanwhile
-            self._earlier = self._ledger.dataset_curve(self._dataset, exclude=self._experiment_id)
+        self._update_ledger(force=True)
         path = self._write_report(trials)
-        guarantee = self.guarantee()
         if self._verbose:
-            epsilon = (
-                "n/a (no trial reported a plan)" if guarantee["epsilon"] is None else f"{guarantee['epsilon']:.4g}"
-            )
+            epsilon = self.guarantee(if_stopped_now=True)["epsilon"]
+            shown = "n/a (no trial reported a plan)" if epsilon is None else f"{epsilon:.4g}"
             print(
-                f"[ray_dptune] search done: (ε = {epsilon}, δ = {self._delta:g}) for the whole search; "
+                f"[ray_dptune] search done: (ε = {shown}, δ = {self._account.delta:g}) for the whole search; "
                 f"report: {path or 'not written (no trial ran; pass report_path=)'}",
                 flush=True,
             )
 
     def get_state(self) -> dict[str, Any]:
-        return {
-            "plan": self._plan,
-            "attempts": self._attempts,
-            "configs": self._configs,
-            "trial_plans": self._trial_plans,
-            "unaccounted": sorted(self._unaccounted),
-            "experiment_id": self._experiment_id,
-        }
+        """Only where the account lives: the journal, not Tune's checkpoint, is the record."""
+        return {"search_id": self._search_id, "journal": None if self._journal is None else self._journal.path}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._restored = True
-        self._experiment_id = state.get("experiment_id")
-        self._trial_plans = state.get("trial_plans", {})
-        self._unaccounted = set(state.get("unaccounted", []))
-        self._plan = state["plan"]
-        self._attempts = state["attempts"]
-        self._configs = state["configs"]
+        self._search_id = state["search_id"]
+        self._journal_path = self._journal_path or state.get("journal")
 
     # ------------------------------------------------------------------ report
-    def report(self) -> dict[str, Any]:
-        """The privacy report: law, K, plan, per-trial spend, failures, final (ε, δ), coverage."""
-        public = self._searcher.configs_public
-        started = {
-            trial_id: {"config": self._configs.get(trial_id) if public else _WITHHELD, "attempts": attempts}
-            for trial_id, attempts in self._attempts.items()
+    def report(self) -> PrivacyReport:
+        """The privacy report: mechanism, plan, every attempt, the final (ε, δ), coverage."""
+        account, searcher = self._account, self._searcher
+        public = searcher.configs_public
+        trials = {
+            trial_id: {
+                "config": self._configs.get(trial_id, "unknown (started by an earlier driver)") if public else _WITHHELD,
+                "accounted": record.accounted,
+                "attempts": [dict(attempt) for attempt in record.attempts],
+            }
+            for trial_id, record in account.trials.items()
         }
+        run_count = isinstance(searcher, RunCountSearcher)
+        return PrivacyReport(
+            search_id=self._search_id,
+            searcher=type(searcher).__name__,
+            mechanism=account.mechanism.to_dict(),
+            guarantee=self.guarantee(if_stopped_now=True),
+            threat_model=searcher.threat_model,
+            covers=searcher.coverage,
+            details=searcher.privacy_details(),
+            plan=account.plan,
+            score_privacy=_score_privacy(account.plan),
+            trials=trials,
+            num_trials_planned=searcher.num_trials,
+            num_trials_started=account.num_trials_started,
+            unaccounted_trials=sorted(t for t, record in account.trials.items() if not record.accounted),
+            metric=getattr(searcher, "metric", None),
+            mode=getattr(searcher, "mode", None),
+            law=searcher.distribution.to_dict() if run_count else None,
+            density_ratio=float(searcher.density_ratio) if run_count else None,
+            seed=searcher.seed if searcher.seed is not None else "secure (operating system)",
+            dataset=self._dataset,
+            ledger=None if self._ledger is None else {"path": self._ledger.path, "search": self._search_id},
+            journal=None if self._journal is None else self._journal.path,
+            restores=account.restores,
+        )
+
+    # ------------------------------------------------------------------ the journal
+    def _record(self, event: dict[str, Any]) -> None:
+        """Write-ahead: the event reaches the journal (synced when it adds cost) before the account."""
+        if self._journal is not None:
+            self._journal.append([event])
+        else:
+            self._pending.append(event)
+        self._account.apply(event)
+        self._update_ledger()
+        self._log_progress()
+
+    def _journal_location(self, trial: Any) -> str | None:
+        if self._journal_path is not None:
+            return self._journal_path
+        storage = getattr(trial, "storage", None)
+        if storage is None:
+            return None  # not a Tune trial (unit use): the account stays in memory
+        import pyarrow.fs
+
+        if not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+            raise PrivacyError(
+                f"The experiment's storage ({type(storage.storage_filesystem).__name__}) is not a local or mounted "
+                "filesystem, so the write-ahead journal cannot be synced there: pass journal_path= on a disk the "
+                "driver writes to (local or NFS)."
+            )
+        os.makedirs(storage.experiment_fs_path, exist_ok=True)
+        return os.path.join(storage.experiment_fs_path, JOURNAL_FILE)
+
+    def _open_journal(self, path: str) -> None:
+        """Starts the journal, or (after a restore) rebuilds the account from it and charges the interrupted."""
+        journal = SearchJournal(path)
+        existing = journal.search()
+        if existing is None or existing["search_id"] != self._search_id:
+            journal.begin(self._search_id, self._search_record(), self._pending)  # refuses another search's file
+        else:
+            account = journal.account(generic=self._account.generic)
+            recorded_k = account.mechanism.cover_cap
+            if account.mechanism.to_dict() != self._account.mechanism.to_dict():
+                raise PrivacyError(
+                    f"The restored searcher declares {self._account.mechanism.to_dict()} but the journal recorded "
+                    f"{account.mechanism.to_dict()} (K = {recorded_k}): K is never redrawn."
+                )
+            events = [{"type": "restored"}, *self._pending]
+            journal.append(events)
+            for event in events:
+                account.apply(event)
+            self._account = account
+        self._pending = []
+        self._journal = journal
+
+    def _search_record(self) -> dict[str, Any]:
         return {
-            "guarantee": self.guarantee(),
+            "mechanism": self._account.mechanism.to_dict(),
+            "delta": self._account.delta,
+            "plan": self._account.plan,
             "searcher": type(self._searcher).__name__,
-            "threat_model": self._searcher.threat_model,
-            "details": self._searcher.privacy_details(),
             "dataset": self._dataset,
-            "ledger": None if self._ledger is None else {"path": self._ledger.path, "experiment": self._experiment_id},
-            "metric": getattr(self._searcher, "metric", None),
-            "mode": getattr(self._searcher, "mode", None),
-            "law": self._law,
-            "num_trials_planned": self._num_trials,
-            "num_trials_started": len(self._attempts),
-            "unaccounted_trials": sorted(self._unaccounted),
-            "seed": self._seed if self._seed is not None else "secure (operating system)",
-            "density_ratio": self._density_ratio,
-            "plan": self._plan,
-            "trials": started,
-            "covers": self._searcher.coverage,
-            "score_privacy": _score_privacy(self._plan),
         }
+
+    # ------------------------------------------------------------------ ledger and target
+    def _update_ledger(self, *, force: bool = False) -> None:
+        """Keeps the ledger at the worst case (every live attempt charged), written when it changes."""
+        if self._ledger is None:
+            return
+        account = self._account
+        charge = (account.charged_attempts(if_stopped_now=True), account.selections, len(account.releases))
+        if charge == self._ledger_charge and not force:
+            return
+        summary = {
+            "searcher": type(self._searcher).__name__,
+            "mechanism": account.mechanism.to_dict(),
+            "plan": account.plan,
+            "trials": account.num_trials_started,
+            "charged_attempts": charge[0],
+            "journal": None if self._journal is None else self._journal.path,
+        }
+        guarantee = account.guarantee(if_stopped_now=True)
+        self._ledger.record_search(self._search_id, dataset=self._dataset, guarantee=guarantee, summary=summary)
+        self._ledger_charge = charge
+
+    def _dataset_epsilon(self, guarantee: Guarantee) -> float | None:
+        if self._ledger is None or guarantee.epsilon is None:
+            return None
+        return self._ledger.dataset_epsilon(
+            self._dataset, delta=self._account.delta, exclude=self._search_id, extra=guarantee
+        )
+
+    def _check_target(self) -> None:
+        if self._target_epsilon is None:
+            return
+        guarantee = self.guarantee()
+        epsilon = guarantee["epsilon"] if guarantee["epsilon_dataset"] is None else guarantee["epsilon_dataset"]
+        if epsilon is not None and epsilon > self._target_epsilon:
+            scope = "This search's guarantee" if self._ledger is None else f"The dataset {self._dataset!r}'s total"
+            raise PrivacyError(
+                f"{scope} is ε = {epsilon:.4g} at δ = {self._account.delta:g}, above target_epsilon = "
+                f"{self._target_epsilon}. Raise the noise (ray_dptune.calibrate_noise_multiplier finds it) or "
+                "lower the expected number of trials."
+            )
 
     # ------------------------------------------------------------------ helpers
     def _write_report(self, trials: list) -> str | None:
@@ -316,17 +362,16 @@ class PrivacyAccountantCallback(Callback):
         With K = 0 no trial exists to locate the experiment's storage; the report
         then goes to ``report_path`` only (the release is data-independent anyway).
         """
-        text = json.dumps(self.report(), indent=2)
+        import pyarrow.fs
+
         if self._report_path:
-            with open(self._report_path, "w") as file:
-                file.write(text)
+            write_report(pyarrow.fs.LocalFileSystem(), os.path.abspath(self._report_path), self.report())
             return self._report_path
         if not trials:
             return None
         storage = trials[0].storage  # the experiment's folder on its storage (local or shared)
         path = f"{storage.experiment_fs_path}/{REPORT_FILE}"
-        with storage.storage_filesystem.open_output_stream(path) as stream:
-            stream.write(text.encode())
+        write_report(storage.storage_filesystem, path, self.report())
         return path
 
     def _read_report(self, trial_id: str, result: dict) -> tuple[dict, dict]:
@@ -343,73 +388,20 @@ class PrivacyAccountantCallback(Callback):
             records.append(record)
         return records[0], records[1]
 
-    def _current_attempt(self, trial_id: str) -> dict[str, Any]:
-        attempts = self._attempts.setdefault(trial_id, [{"status": "running", "spent": None}])
-        return attempts[-1]
-
-    def _mark_failed(self, trial_id: str) -> None:
-        attempt = self._current_attempt(trial_id)
-        if attempt["status"] == "running":
-            attempt["status"] = "failed"
-        self._record(trial_id)
-        self._log_progress()
-
-    def _join_ledger(self) -> None:
-        """Registers this search (or, after a restore, checks it is the same dataset's)."""
-        if self._experiment_id is None:
-            self._experiment_id = self._ledger.register_experiment(
-                self._dataset,
-                law=self._law,
-                num_trials=self._num_trials,
-                density_ratio=self._density_ratio,
-                plan=self._plan,
-            )
-        elif self._ledger.dataset_of(self._experiment_id) != self._dataset:
-            raise PrivacyError(
-                f"This search was recorded in the ledger on dataset "
-                f"{self._ledger.dataset_of(self._experiment_id)!r}, not {self._dataset!r}: restore it with "
-                "the dataset it started on."
-            )
-        self._earlier = self._ledger.dataset_curve(self._dataset, exclude=self._experiment_id)
-
-    def _record(self, trial_id: str | None = None, *, durable: bool = True) -> None:
-        """Writes one trial's attempts (or, without ``trial_id``, all) to the ledger."""
-        if self._ledger is not None and self._experiment_id is not None:
-            attempts = self._attempts if trial_id is None else {trial_id: self._attempts[trial_id]}
-            self._ledger.record_attempts(self._experiment_id, attempts, durable=durable)
-
-    def _check_target(self) -> None:
-        if self._target_epsilon is None:
-            return
-        guarantee = self.guarantee()
-        epsilon = guarantee["epsilon"] if guarantee["epsilon_dataset"] is None else guarantee["epsilon_dataset"]
-        if epsilon is None:  # no plan known yet
-            return
-        if epsilon > self._target_epsilon:
-            scope = (
-                "This search's guarantee"
-                if self._ledger is None
-                else (f"The dataset {self._dataset!r}'s total with this search")
-            )
-            raise PrivacyError(
-                f"{scope} is ε = {epsilon:.4g} at δ = {self._delta:g}, above target_epsilon = "
-                f"{self._target_epsilon}. Raise the noise (ray_dptune.calibrate_noise_multiplier finds it) or "
-                "lower the expected number of trials."
-            )
-
     def _log_progress(self) -> None:
-        if self._plan is None or not self._verbose:
+        """O(1): the account keeps counters and caches the curve per count of charged attempts."""
+        if not self._verbose or self._account.plan is None:
             return
-        epsilon = self.guarantee()["epsilon"]
-        done = sum(1 for attempts in self._attempts.values() if attempts[-1]["status"] == "completed")
-        failures = len(self._failed_attempts())
-        if (epsilon, done, failures) != self._last_logged:
+        guarantee = self._account.guarantee()
+        state = (guarantee.epsilon, self._account.trials_completed, guarantee.charged_attempts)
+        if state != self._last_logged:
             print(
-                f"[ray_dptune] whole search: (ε = {epsilon:.4g}, δ = {self._delta:g}); "
-                f"trials {done}/{self._num_trials} done; {failures} failed attempt(s) composed",
+                f"[ray_dptune] whole search: (ε = {guarantee.epsilon:.4g}, δ = {self._account.delta:g}); "
+                f"trials {state[1]}/{self._searcher.num_trials} done; {state[2]} attempt(s) charged beyond the "
+                "selection bound",
                 flush=True,
             )
-            self._last_logged = (epsilon, done, failures)
+            self._last_logged = state
 
 
 def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict | None:
@@ -418,13 +410,6 @@ def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict | None:
     if isinstance(plan, (TrialSpend, RDPCurve)):
         return plan.to_dict()
     raise TypeError(f"plan must be a TrialSpend, an RDPCurve or None, got {type(plan).__name__}.")
-
-
-def _covers(plan: dict, spent: dict) -> bool:
-    """True when the ``spent`` record costs no more than ``plan`` at any order."""
-    if plan.get("kind") == "dpsgd" and spent.get("kind") == "dpsgd":
-        return TrialSpend.from_dict(plan).covers(TrialSpend.from_dict(spent))
-    return curve_from_report(plan).dominates(curve_from_report(spent))
 
 
 def _score_privacy(plan: dict | None) -> str:

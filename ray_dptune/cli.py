@@ -7,6 +7,8 @@ Subcommands:
   release only the best run) for one or more laws of K, beside plain composition
   of the same number of runs, with the utility side of each law (expected quantile
   of the released run, chance that some run succeeds).
+* ``ledger show|export``: per-dataset totals of every search recorded in a privacy
+  ledger (:mod:`ray_dptune.ledger`), as a table or JSON.
 
 Only numpy and scipy are imported at module level, so ``plan`` starts fast;
 subcommands that need Ray or torch import them inside their function.
@@ -24,7 +26,7 @@ import math
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +40,9 @@ from ray_dptune.distributions import (
     RunCountDistribution,
     TruncatedNegativeBinomial,
 )
+
+if TYPE_CHECKING:
+    from ray_dptune.ledger import PrivacyLedger
 
 __all__ = ["build_parser", "main"]
 
@@ -568,18 +573,20 @@ def _add_ledger_parser(subparsers: Any) -> argparse.ArgumentParser:
     ledger = subparsers.add_parser(
         "ledger",
         help="per-dataset privacy totals of every search recorded in a privacy ledger.",
-        description="Compose every search recorded in a ray_dptune privacy ledger (SQLite) per dataset.",
+        description="Compose every search recorded in a ray_dptune privacy ledger (SQLite) per dataset: "
+        "RDP curves add (Mironov 2017, Prop. 1), approximate-DP releases add in ε and δ.",
     )
     ledger.add_argument("action", choices=("show", "export"), help="show: a table; export: JSON with every search.")
     ledger.add_argument("path", type=Path, help="the ledger file.")
     ledger.add_argument("--delta", type=_open_unit_float, default=1e-5, help="δ of the totals (default: 1e-05).")
     ledger.add_argument("--dataset", help="only this dataset.")
+    ledger.add_argument("--curves", action="store_true", help="export: also each search's RDP curve.")
     ledger.set_defaults(handler=_run_ledger, subparser=ledger)
     return ledger
 
 
 def _run_ledger(args: argparse.Namespace) -> int:
-    """``ray-dptune ledger show|export``."""
+    """``ray-dptune ledger show|export``: reads the ledger, never writes it."""
     from ray_dptune.errors import PrivacyError
     from ray_dptune.ledger import PrivacyLedger
 
@@ -589,35 +596,81 @@ def _run_ledger(args: argparse.Namespace) -> int:
     try:
         ledger = PrivacyLedger(args.path)
         datasets = [args.dataset] if args.dataset else ledger.datasets()
-        totals = {}
-        for dataset in datasets:
-            curve = ledger.dataset_curve(dataset)
-            experiments = ledger.experiments(dataset)
-            totals[dataset] = {
-                "epsilon": None if curve is None else curve.epsilon(args.delta),
-                "searches": len(experiments),
-                "trials_started": len(
-                    {(e["experiment_id"], a["trial_id"]) for e in experiments for a in e["attempts"]}
-                ),
-                "failed_attempts": sum(a["status"] == "failed" for e in experiments for a in e["attempts"]),
-                "experiments": experiments,
-            }
+        totals = {name: ledger_dataset_total(ledger, name, args.delta, curves=args.curves) for name in datasets}
+        ledger.close()
     except PrivacyError as error:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
     if args.action == "export":
         print(json.dumps({"ledger": str(args.path), "delta": args.delta, "datasets": totals}, indent=2))
-        return 0
-    print(f"Privacy ledger {args.path}: every search composed per dataset, at δ = {args.delta:g}")
-    print()
-    width = max([len("dataset"), *(len(name) for name in totals)])
-    print(f"{'dataset'.ljust(width)}  searches  trials  failed attempts  ε total")
+    else:
+        print(format_ledger_table(args.path, args.delta, totals))
+    return 0
+
+
+def ledger_dataset_total(ledger: PrivacyLedger, dataset: str, delta: float, *, curves: bool = False) -> dict[str, Any]:
+    """One dataset's total at ``delta`` and its searches, JSON-ready.
+
+    ``epsilon`` is None, with the reason in ``note``, where the total has no bound at
+    ``delta`` (a search charged attempts before its plan was known, or the releases
+    need δ >= ``delta``).
+    """
+    from ray_dptune.errors import PrivacyError
+    from ray_dptune.store import StoreError
+
+    searches = ledger.searches(dataset, delta=delta, curves=curves)
+    for search in searches:
+        search["epsilon"] = _finite_or_none(search["epsilon"])
+    epsilon, note = None, None
+    try:
+        epsilon = _finite_or_none(ledger.dataset_epsilon(dataset, delta=delta))
+    except StoreError:
+        raise
+    except PrivacyError as error:
+        note = str(error)
+    if epsilon is None and note is None:
+        note = f"the searches' curves give no finite ε at δ = {delta:g}."
+    return {
+        "epsilon": epsilon,
+        "note": note,
+        "num_searches": len(searches),
+        "charged_attempts": sum(search["charged_attempts"] for search in searches),
+        "release_epsilon": math.fsum(search["release_epsilon"] for search in searches),
+        "release_delta": math.fsum(search["release_delta"] for search in searches),
+        "searches": searches,
+    }
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return None if value is None else _json_number(value)
+
+
+def format_ledger_table(path: Path, delta: float, totals: dict[str, dict[str, Any]]) -> str:
+    """The ``ledger show`` table: one row per dataset, then the notes."""
+    titles = ("dataset", "searches", "charged attempts", "release ε", "release δ", "ε total")
+    cells = [titles]
     for name, total in totals.items():
         epsilon = "-" if total["epsilon"] is None else f"{total['epsilon']:.4f}"
-        print(
-            f"{name.ljust(width)}  {total['searches']:8d}  {total['trials_started']:6d}  "
-            f"{total['failed_attempts']:15d}  {epsilon:>7}"
-        )
-    return 0
+        cells.append((
+            name,
+            str(total["num_searches"]),
+            str(total["charged_attempts"]),
+            f"{total['release_epsilon']:.4g}",
+            f"{total['release_delta']:.3g}",
+            epsilon,
+        ))
+    widths = [max(len(line[i]) for line in cells) for i in range(len(titles))]
+    rows = [
+        "  ".join([line[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(line[1:], widths[1:], strict=True))])
+        for line in cells
+    ]
+    notes = [f"{name}: {total['note']}" for name, total in totals.items() if total["note"]]
+    return "\n".join([
+        f"Privacy ledger {path}: every search composed per dataset, at δ = {delta:g}",
+        "(RDP curves added, Mironov 2017 Prop. 1; releases by basic composition, Dwork & Roth Thm 3.16)",
+        "",
+        *rows,
+        *([""] + notes if notes else []),
+    ])
 
 
 # ---------------------------------------------------------------------- commands

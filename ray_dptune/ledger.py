@@ -1,258 +1,302 @@
 """PrivacyLedger: every search ever run on a dataset, composed into one total.
 
-Re-running a private search until K or the results look good is itself a
-mechanism on the data: each run's guarantee composes with the previous ones
-(Mironov 2017, Prop. 1). The ledger is an embedded SQLite file keyed by a dataset
-identifier the user chooses; every experiment records its law, K, plan and δ, and
-every started attempt its status and spend. An experiment counts in full from the
-moment it is registered, finished or not.
+Re-running a private search until the results look good is itself a mechanism on the
+data, so the searches on one dataset compose: their RDP curves add (Mironov 2017,
+Prop. 1) and their approximate-DP releases add in ε and δ (basic composition, Dwork &
+Roth 2014, Thm 3.16); :func:`~ray_dptune.accounting.account.compose_with_releases`
+joins the two parts at a δ.
 
-Writers use short ``BEGIN IMMEDIATE`` transactions in WAL mode, so several drivers
-can share one ledger; a locked or corrupt file raises
-:class:`~ray_dptune.errors.PrivacyError` and nothing is deleted or rewritten.
-Records that add privacy cost (a new experiment, a failed attempt) are committed
-with ``synchronous=FULL``, durable even through a power loss; routine updates (an
-attempt started or completed) with ``synchronous=NORMAL``, durable through any crash
-of the driver and ~100× cheaper. Losing one of those to a power loss costs nothing:
-the last attempt of each trial is covered by the selection bound whatever its status.
+The ledger computes no guarantee of its own. Each search's driver upserts the
+composed :class:`~ray_dptune.accounting.account.Guarantee` of its
+:class:`~ray_dptune.accounting.account.SearchAccount` (:meth:`PrivacyLedger.record_search`),
+and a dataset's total is the sum of the stored guarantees: one indexed upsert per
+record and one scan of float64 blobs per total, whatever the searches were.
+
+The file is a :class:`~ray_dptune.store.SQLiteStore` (schema version 2): several
+drivers may share it (WAL, short ``BEGIN IMMEDIATE`` writes); records commit with
+``synchronous=FULL``. A locked, corrupt, foreign, 0-byte or older-schema file raises
+:class:`~ray_dptune.errors.PrivacyError` and is left byte-identical.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
-import sqlite3
+import math
+import operator
+import os
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ray_dptune.accounting import RDPCurve, repeat_and_select
-from ray_dptune.accounting.spend import curve_from_report
-from ray_dptune.distributions import distribution_from_dict
+import numpy as np
+
+from ray_dptune.accounting.account import Guarantee, compose_with_releases
+from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
+from ray_dptune.store import SQLiteStore
 
-__all__ = ["PrivacyLedger"]
+__all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger"]
 
+LEDGER_SCHEMA_VERSION = 2
+_FLOAT = np.dtype("<f8")  # curves are stored as little-endian float64 blobs
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS experiments (
-    experiment_id TEXT PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS searches (
+    search_id TEXT PRIMARY KEY,
     dataset TEXT NOT NULL,
     created REAL NOT NULL,
-    law TEXT NOT NULL,
-    num_trials INTEGER NOT NULL,
-    density_ratio REAL NOT NULL,
-    plan TEXT
-);
-CREATE TABLE IF NOT EXISTS attempts (
-    experiment_id TEXT NOT NULL REFERENCES experiments(experiment_id),
-    trial_id TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    spent TEXT,
     updated REAL NOT NULL,
-    PRIMARY KEY (experiment_id, trial_id, attempt)
+    orders BLOB,
+    epsilons BLOB,
+    release_epsilon REAL NOT NULL,
+    release_delta REAL NOT NULL,
+    charged_attempts INTEGER NOT NULL,
+    summary TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS experiments_by_dataset ON experiments(dataset);
+CREATE INDEX IF NOT EXISTS searches_by_dataset ON searches(dataset, created);
+"""
+_UPSERT = """
+INSERT INTO searches VALUES (:search_id, :dataset, :now, :now, :orders, :epsilons,
+                             :release_epsilon, :release_delta, :charged_attempts, :summary)
+ON CONFLICT(search_id) DO UPDATE SET
+    updated = excluded.updated, orders = excluded.orders, epsilons = excluded.epsilons,
+    release_epsilon = excluded.release_epsilon, release_delta = excluded.release_delta,
+    charged_attempts = excluded.charged_attempts, summary = excluded.summary
+"""
+_TOTAL = """
+SELECT search_id, orders, epsilons, release_epsilon, release_delta, charged_attempts
+FROM searches WHERE dataset = ? AND search_id IS NOT ?
 """
 
 
 class PrivacyLedger:
-    """An SQLite privacy ledger at ``path`` (created on first use).
+    """An SQLite privacy ledger at ``path``, created on first use, opened at once.
 
     Args:
         path: the ledger file; share it (e.g. on NFS) between the drivers of one team.
         timeout: seconds to wait for another writer before raising PrivacyError.
+
+    Raises:
+        PrivacyError: the file is empty, corrupt, not a ledger or of another schema version.
     """
 
-    def __init__(self, path: str | Path, *, timeout: float = 30.0):
-        self.path = str(path)
-        self._timeout = timeout
-        self._db: sqlite3.Connection | None = None
-        with self._transaction() as db:
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                db.execute(statement)
+    def __init__(self, path: str | os.PathLike, *, timeout: float = 30.0):
+        self.path = os.fspath(path)
+        self._store = SQLiteStore(
+            self.path,
+            kind="privacy ledger",
+            version=LEDGER_SCHEMA_VERSION,
+            schema=_SCHEMA,
+            tables=("searches",),
+            timeout=timeout,
+        )
+        with self._store.reading():  # fail now, not in the middle of a search
+            pass
 
     # ------------------------------------------------------------------ writing
-    def register_experiment(
-        self, dataset: str, *, law: dict, num_trials: int, density_ratio: float, plan: dict | None
-    ) -> str:
-        """Records a new experiment on ``dataset``; returns its id."""
-        if not isinstance(dataset, str) or not dataset.strip():
-            raise ValueError("dataset must be a non-empty identifier of the private data set, e.g. 'digits-v1'.")
-        experiment_id = uuid.uuid4().hex
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO experiments VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (experiment_id, dataset, time.time(), json.dumps(law), num_trials, density_ratio, _dump(plan)),
-            )
-        return experiment_id
-
-    def record_plan(self, experiment_id: str, plan: dict) -> None:
-        """Sets the experiment's plan (learned from its first trial when not given up front)."""
-        with self._transaction() as db:
-            self._require(db, experiment_id)
-            db.execute("UPDATE experiments SET plan = ? WHERE experiment_id = ?", (_dump(plan), experiment_id))
-
-    def record_attempts(
-        self, experiment_id: str, attempts: dict[str, list[dict[str, Any]]], *, durable: bool = True
+    def record_search(
+        self, search_id: str, *, dataset: str, guarantee: Guarantee, summary: Mapping[str, Any]
     ) -> None:
-        """Upserts the given trials' attempts (status and spend) in one transaction.
+        """Upserts one search's composed guarantee, durably (``synchronous=FULL``).
+
+        A later record of the same search replaces the earlier one: the account's
+        guarantee already covers everything the search did. A guarantee without a curve
+        and without releases contributes nothing, unless it charged attempts (see
+        :meth:`dataset_total`).
 
         Args:
-            experiment_id: the experiment.
-            attempts: trial id -> its attempts, oldest first.
-            durable: commit with ``synchronous=FULL``; pass False only when no attempt
-                in ``attempts`` newly failed.
+            search_id: the search's identifier, unique in the ledger.
+            dataset: the private data set the search ran on.
+            guarantee: ``SearchAccount.guarantee(if_stopped_now=True)`` of the search.
+            summary: JSON-ready description for people (searcher, mechanism, plan, attempts).
+
+        Raises:
+            PrivacyError: the search is recorded on another dataset, or the ledger is locked.
+            ValueError: an empty identifier or an invalid guarantee.
         """
-        rows = [
-            (experiment_id, trial_id, index, attempt["status"], _dump(attempt["spent"]), time.time())
-            for trial_id, trial_attempts in attempts.items()
-            for index, attempt in enumerate(trial_attempts)
-        ]
-        with self._transaction(durable=durable) as db:
-            self._require(db, experiment_id)
-            db.executemany(
-                "INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(experiment_id, trial_id, attempt) "
-                "DO UPDATE SET status = excluded.status, spent = excluded.spent, updated = excluded.updated",
-                rows,
-            )
+        row = _search_row(search_id, dataset, guarantee, summary)
+        with self._store.transaction(durable=True) as db:
+            found = db.execute("SELECT dataset FROM searches WHERE search_id = ?", (search_id,)).fetchone()
+            if found is not None and found[0] != dataset:
+                raise PrivacyError(
+                    f"Search {search_id!r} is recorded in the ledger on dataset {found[0]!r}, not {dataset!r}: "
+                    "a search runs on one dataset. Resume it with its own dataset, or start a new search."
+                )
+            db.execute(_UPSERT, row)
 
     # ------------------------------------------------------------------ reading
-    def dataset_of(self, experiment_id: str) -> str:
-        """The dataset an experiment was registered on."""
-        with self._connection() as db:
-            return self._require(db, experiment_id)
-
-    def experiments(self, dataset: str | None = None) -> list[dict[str, Any]]:
-        """Every experiment (on ``dataset``, if given) with its attempts, oldest first."""
-        with self._connection() as db:
-            query = "SELECT * FROM experiments" + (" WHERE dataset = ?" if dataset else "") + " ORDER BY created"
-            experiments = [dict(row) for row in db.execute(query, (dataset,) if dataset else ())]
-            for experiment in experiments:
-                experiment["law"] = json.loads(experiment["law"])
-                experiment["plan"] = _load(experiment["plan"])
-                experiment["attempts"] = [
-                    {
-                        "trial_id": r["trial_id"],
-                        "attempt": r["attempt"],
-                        "status": r["status"],
-                        "spent": _load(r["spent"]),
-                    }
-                    for r in db.execute(
-                        "SELECT * FROM attempts WHERE experiment_id = ? ORDER BY trial_id, attempt",
-                        (experiment["experiment_id"],),
-                    )
-                ]
-        return experiments
+    def dataset_of(self, search_id: str) -> str | None:
+        """The dataset ``search_id`` is recorded on, or None if it is not recorded."""
+        with self._store.reading() as db:
+            found = db.execute("SELECT dataset FROM searches WHERE search_id = ?", (search_id,)).fetchone()
+        return None if found is None else found[0]
 
     def datasets(self) -> list[str]:
-        """Every dataset identifier in the ledger."""
-        with self._connection() as db:
-            return [row[0] for row in db.execute("SELECT DISTINCT dataset FROM experiments ORDER BY dataset")]
+        """Every dataset in the ledger, sorted."""
+        with self._store.reading() as db:
+            return [row[0] for row in db.execute("SELECT DISTINCT dataset FROM searches ORDER BY dataset")]
 
-    def dataset_curve(self, dataset: str, *, exclude: str | None = None, generic: bool = False) -> RDPCurve | None:
-        """The composed RDP of every experiment on ``dataset`` (None when there is none).
+    def dataset_total(self, dataset: str, *, exclude: str | None = None) -> tuple[RDPCurve | None, float, float]:
+        """(Σ curves or None, Σ release ε, Σ release δ) of the searches on ``dataset``.
 
-        Each experiment contributes ``repeat_and_select(plan, law, C/c)`` plus its plan
-        once per failed attempt, as in :class:`~ray_dptune.PrivacyAccountantCallback`.
-        An experiment registered without a plan and with no trial started has not
-        touched the data and contributes nothing.
+        Curves add (Mironov 2017, Prop. 1): those on one grid of orders are summed at
+        once, and grids are joined by ``RDPCurve.__add__``, which reads each curve at
+        the next order up (conservative). Releases add in ε and δ (Dwork & Roth 2014,
+        Thm 3.16).
 
         Args:
-            dataset: the dataset identifier.
-            exclude: an experiment id to leave out (the running one, added by its callback).
-            generic: also use the numeric P&S Lemma 7 bound.
+            dataset: the dataset.
+            exclude: a search to leave out (the running one, added by its driver).
+
+        Raises:
+            PrivacyError: a search charged attempts before its plan was known, so its
+                spend, and the total, have no bound yet.
         """
-        total = None
-        for experiment in self.experiments(dataset):
-            if experiment["experiment_id"] == exclude:
-                continue
-            curve = experiment_curve(experiment, generic=generic)
-            if curve is not None:
-                total = curve if total is None else total + curve
-        return total
+        with self._store.reading() as db:
+            rows = db.execute(_TOTAL, (dataset, exclude)).fetchall()
+        _check_bounded(rows, dataset)
+        return (
+            _sum_curves(rows),
+            math.fsum(row["release_epsilon"] for row in rows),
+            math.fsum(row["release_delta"] for row in rows),
+        )
 
-    # ------------------------------------------------------------------ plumbing
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_timeout": self._timeout, "_db": None}  # connections do not pickle
+    def dataset_epsilon(
+        self, dataset: str, *, delta: float, exclude: str | None = None, extra: Guarantee | None = None
+    ) -> float:
+        """ε at ``delta`` of every search on ``dataset``, plus ``extra`` (the running search, as is).
 
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        """The ledger's connection, opened once (closing one checkpoints the WAL: slow)."""
-        try:
-            if self._db is None:
-                self._db = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
-                self._db.row_factory = sqlite3.Row
-                self._db.execute("PRAGMA journal_mode=WAL")
-        except sqlite3.Error as error:
-            self._db = None
-            raise PrivacyError(f"The privacy ledger {self.path} cannot be opened or is corrupt ({error}).") from error
-        db = self._db
-        try:
-            yield db
-        except sqlite3.OperationalError as error:
-            raise PrivacyError(
-                f"The privacy ledger {self.path} is locked or unreadable ({error}); nothing was recorded "
-                "or lost. Retry when the other writer is done."
-            ) from error
-        except sqlite3.DatabaseError as error:
-            raise PrivacyError(
-                f"The privacy ledger {self.path} is corrupt ({error}). It was left untouched: restore it "
-                "from a backup; do not delete it, since it holds what was already spent."
-            ) from error
+        The RDP and approximate-DP parts are joined by ``compose_with_releases``
+        (basic composition; CKS 2020, Prop. 12 for the RDP part).
 
-    @contextlib.contextmanager
-    def _transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
-        with self._connection() as db:
-            db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+        Raises:
+            PrivacyError: as :meth:`dataset_total`, or the releases need δ >= ``delta``.
+        """
+        curve, release_epsilon, release_delta = self.dataset_total(dataset, exclude=exclude)
+        if extra is not None:
+            curve = _add(curve, extra.curve)
+            release_epsilon += extra.release_epsilon
+            release_delta += extra.release_delta
+        return compose_with_releases(
+            curve, release_epsilon=release_epsilon, release_delta=release_delta, delta=delta
+        )
 
-    @staticmethod
-    def _require(db: sqlite3.Connection, experiment_id: str) -> str:
-        row = db.execute("SELECT dataset FROM experiments WHERE experiment_id = ?", (experiment_id,)).fetchone()
-        if row is None:
-            raise ValueError(f"Experiment {experiment_id!r} is not in this ledger.")
-        return row[0]
+    def searches(
+        self, dataset: str | None = None, *, delta: float | None = None, curves: bool = False
+    ) -> list[dict[str, Any]]:
+        """Every recorded search (on ``dataset``, if given), oldest first.
+
+        Each is a dict with search_id, dataset, created, updated (Unix times), summary,
+        charged_attempts, release_epsilon, release_delta, rdp (whether it has a curve);
+        with ``delta``, also ``epsilon``, its own ε at ``delta`` (None where it has no
+        bound there); with ``curves``, also ``curve`` (``RDPCurve.to_dict()`` or None).
+        """
+        query = "SELECT * FROM searches" + (" WHERE dataset = ?" if dataset is not None else "")
+        with self._store.reading() as db:
+            rows = db.execute(query + " ORDER BY created, rowid", () if dataset is None else (dataset,)).fetchall()
+        return [_search_record(row, delta=delta, curves=curves) for row in rows]
+
+    def close(self) -> None:
+        """Closes this process's connection (the next call reopens it)."""
+        self._store.close()
 
 
-def experiment_curve(experiment: dict[str, Any], *, generic: bool = False) -> RDPCurve | None:
-    """The guarantee one recorded experiment spent (None if it never touched the data)."""
-    plan = experiment["plan"]
-    if plan is None:
-        if experiment["attempts"]:
-            raise PrivacyError(
-                f"Experiment {experiment['experiment_id']} started trials without a recorded plan: its "
-                "spend cannot be bounded. Record its plan (PrivacyLedger.record_plan)."
-            )
+# ---------------------------------------------------------------------- rows
+def _search_row(search_id: str, dataset: str, guarantee: Guarantee, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The SQL parameters of one record, validated."""
+    for name, value in (("search_id", search_id), ("dataset", dataset)):
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{name} must be a non-empty identifier (e.g. dataset='digits-v1'), got {value!r}.")
+    if not isinstance(guarantee, Guarantee):
+        raise ValueError(f"guarantee must be a SearchAccount's Guarantee, got {type(guarantee).__name__}.")
+    release_epsilon, release_delta = float(guarantee.release_epsilon), float(guarantee.release_delta)
+    if not (math.isfinite(release_epsilon) and release_epsilon >= 0 and 0 <= release_delta < 1):
+        raise ValueError(f"A release needs ε >= 0 finite and δ in [0, 1), got ({release_epsilon}, {release_delta}).")
+    curve = guarantee.curve
+    return {
+        "search_id": search_id,
+        "dataset": dataset,
+        "now": time.time(),
+        "orders": None if curve is None else curve.orders.astype(_FLOAT).tobytes(),
+        "epsilons": None if curve is None else curve.epsilons.astype(_FLOAT).tobytes(),
+        "release_epsilon": release_epsilon,
+        "release_delta": release_delta,
+        "charged_attempts": int(guarantee.charged_attempts),
+        "summary": json.dumps(dict(summary), sort_keys=True),
+    }
+
+
+def _is_unbounded(row: Mapping[str, Any]) -> bool:
+    """No curve, no release, yet attempts charged: they spent an unknown amount."""
+    return row["orders"] is None and row["release_epsilon"] == 0 and row["charged_attempts"] > 0
+
+
+def _check_bounded(rows: Iterable[Mapping[str, Any]], dataset: str) -> None:
+    unbounded = [row["search_id"] for row in rows if _is_unbounded(row)]
+    if unbounded:
+        raise PrivacyError(
+            f"Search(es) {', '.join(map(repr, unbounded))} on dataset {dataset!r} charged attempts before their "
+            "plan was known: what they spent has no bound, so neither has the dataset's total. The total is "
+            "bounded again once each records a guarantee with its plan."
+        )
+
+
+def _curve_of(row: Mapping[str, Any]) -> RDPCurve | None:
+    if row["orders"] is None:
         return None
-    plan_curve = curve_from_report(plan)
-    law = distribution_from_dict(experiment["law"])
-    curve = repeat_and_select(plan_curve, law, density_ratio=experiment["density_ratio"], generic=generic)
-    failed = _extra_attempts(experiment["attempts"])
-    return curve + failed * plan_curve if failed else curve
+    try:
+        return RDPCurve(np.frombuffer(row["orders"], _FLOAT), np.frombuffer(row["epsilons"], _FLOAT))
+    except (TypeError, ValueError) as error:
+        raise PrivacyError(f"The ledger's record of search {row['search_id']!r} is corrupt ({error}).") from error
 
 
-def _extra_attempts(attempts: list[dict[str, Any]]) -> int:
-    """Attempts beyond the selection bound: failed ones, and any superseded by a later attempt."""
-    last = {}
-    for attempt in attempts:
-        last[attempt["trial_id"]] = max(last.get(attempt["trial_id"], -1), attempt["attempt"])
-    return sum(
-        1 for attempt in attempts if attempt["status"] == "failed" or attempt["attempt"] < last[attempt["trial_id"]]
+def _sum_curves(rows: Iterable[Mapping[str, Any]]) -> RDPCurve | None:
+    """Σ of the rows' curves: one numpy sum per grid of orders, grids joined conservatively."""
+    by_grid: dict[bytes, list[bytes]] = {}
+    for row in rows:
+        if row["orders"] is not None:
+            by_grid.setdefault(row["orders"], []).append(row["epsilons"])
+    sums = []
+    for orders, epsilons in by_grid.items():
+        try:
+            stacked = np.frombuffer(b"".join(epsilons), _FLOAT).reshape(len(epsilons), -1)
+            sums.append(RDPCurve(np.frombuffer(orders, _FLOAT), stacked.sum(axis=0)))
+        except ValueError as error:
+            raise PrivacyError(f"The ledger holds a corrupt curve ({error}); restore it from a backup.") from error
+    return functools.reduce(operator.add, sums) if sums else None
+
+
+def _add(left: RDPCurve | None, right: RDPCurve | None) -> RDPCurve | None:
+    if left is None or right is None:
+        return right if left is None else left
+    return left + right
+
+
+def _search_record(row: Mapping[str, Any], *, delta: float | None, curves: bool) -> dict[str, Any]:
+    """One stored search as a JSON-ready dict (see :meth:`PrivacyLedger.searches`)."""
+    curve = _curve_of(row)
+    record = {
+        "search_id": row["search_id"],
+        "dataset": row["dataset"],
+        "created": row["created"],
+        "updated": row["updated"],
+        "summary": json.loads(row["summary"]),
+        "charged_attempts": row["charged_attempts"],
+        "release_epsilon": row["release_epsilon"],
+        "release_delta": row["release_delta"],
+        "rdp": curve is not None,
+    }
+    if delta is not None:
+        record["epsilon"] = _own_epsilon(row, curve, delta)
+    if curves:
+        record["curve"] = None if curve is None else curve.to_dict()
+    return record
+
+
+def _own_epsilon(row: Mapping[str, Any], curve: RDPCurve | None, delta: float) -> float | None:
+    """One search's ε at ``delta``; None when it has no bound there."""
+    if _is_unbounded(row) or row["release_delta"] >= delta:
+        return None
+    return compose_with_releases(
+        curve, release_epsilon=row["release_epsilon"], release_delta=row["release_delta"], delta=delta
     )
-
-
-def _dump(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, sort_keys=True)
-
-
-def _load(text: str | None) -> Any:
-    return None if text is None else json.loads(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,13 @@ from ray_dptune.callbacks import REPORT_FILE
 from ray_dptune.errors import PrivacyError
 
 __all__ = ["ReleasedTrial", "release_best"]
+
+# What a purge leaves in the experiment folder besides the released trial's folder: the
+# privacy record, which holds no score: the report and the search's journal
+# (ray_dptune.journal.JOURNAL_FILE) with SQLite's sidecar files.
+_JOURNAL_FILE = "privacy_journal.db"
+_SQLITE_SIDECARS = ("", "-wal", "-shm", "-journal")
+_PRIVACY_RECORD = frozenset({REPORT_FILE, *(_JOURNAL_FILE + suffix for suffix in _SQLITE_SIDECARS)})
 
 
 @dataclass(frozen=True)
@@ -45,12 +53,26 @@ def release_best(
         results_or_path: a ``ResultGrid`` from ``Tuner.fit()`` or an experiment folder.
         metric: selection metric (default: the one the search was tuned on).
         mode: "max" or "min" (default: the search's).
-        purge: delete every other trial's folder (results, checkpoints), so that only
-            what the guarantee covers remains on disk.
+        purge: leave only what the guarantee covers in the experiment folder: the
+            released trial's own folder (none when the searcher released its own output)
+            and the privacy record (``privacy_report.json``, ``privacy_journal.db`` and its
+            SQLite ``-wal``/``-shm`` files, and a privacy ledger the report names there).
+            Everything else in the folder is deleted: the other trials' folders (results,
+            checkpoints, configurations) and Ray's experiment state of every session
+            (``experiment_state-*.json`` with every trial's config and last results,
+            ``searcher-state-*.pkl``, ``callback-states-*.pkl``, ``search_gen_state-*.json``,
+            ``basic-variant-state-*.json``, ``tuner.pkl``), which would otherwise keep the
+            unreleased trials' scores and (for adaptive searchers) configurations. The
+            experiment can then no longer be restored with ``Tuner.restore`` nor read
+            again by path: keep the returned :class:`ReleasedTrial`. Copies Ray keeps
+            outside the experiment folder (``/tmp/ray/session_*``: driver artifacts,
+            worker logs) are not touched; see the README.
 
     Raises:
         PrivacyError: no privacy report in the experiment folder (the search ran
-            without PrivacyAccountantCallback), so no guarantee can be stated.
+            without PrivacyAccountantCallback), so no guarantee can be stated; or, with
+            ``purge=True``, the released trial's folder is not in the experiment folder
+            (then nothing is deleted).
     """
     import pyarrow.fs
     from ray import tune
@@ -83,11 +105,64 @@ def release_best(
         released = ReleasedTrial(dict(best.config), score, _checkpoint_path(best), guarantee)
         keep = _trial_path(best)
     if purge:
-        for trial in trials:
-            path = _trial_path(trial)
-            if path and path != keep:
-                filesystem.delete_dir(path)
+        _purge(filesystem, experiment_path, keep, trials, report)
     return released
+
+
+def _purge(filesystem: Any, experiment_path: str, keep: str | None, trials: list, report: dict[str, Any]) -> None:
+    """Deletes everything in the experiment folder but ``keep`` (a trial folder) and the privacy record.
+
+    An allow-list, not a list of Ray's file names: whatever Ray (or a searcher, or an
+    earlier session) wrote there and is not the release goes.
+    """
+    import pyarrow.fs
+
+    root = _fs_path(experiment_path)
+    entries = filesystem.get_file_info(pyarrow.fs.FileSelector(root, recursive=False))
+    keep = None if keep is None else _fs_path(keep)
+    folders = {_fs_path(entry.path) for entry in entries if entry.type == pyarrow.fs.FileType.Directory}
+    if keep is not None and keep not in folders:
+        raise PrivacyError(
+            f"The released trial's folder {keep} is not in the experiment folder {root}: nothing was purged "
+            "(purging would delete the release). Pass the experiment folder the trial ran in."
+        )
+    kept = _PRIVACY_RECORD | _ledger_files(report, filesystem, root)
+    for trial in trials:  # a trial folder outside the experiment folder (not Ray 2.60's layout)
+        path = _trial_path(trial)
+        if path and _fs_path(path) != keep and posixpath.dirname(_fs_path(path)) != root:
+            try:
+                filesystem.delete_dir(path)
+            except FileNotFoundError:
+                pass
+    for entry in entries:
+        path = _fs_path(entry.path)
+        if path == keep or (entry.type == pyarrow.fs.FileType.File and entry.base_name in kept):
+            continue
+        if entry.type == pyarrow.fs.FileType.Directory:
+            filesystem.delete_dir(entry.path)
+        else:
+            filesystem.delete_file(entry.path)
+
+
+def _ledger_files(report: dict[str, Any], filesystem: Any, root: str) -> frozenset[str]:
+    """The names of a privacy ledger the report names inside the experiment folder (it composes
+    searches on a dataset: deleting it would lose their accounting)."""
+    import pyarrow.fs
+
+    ledger = report.get("ledger")
+    path = ledger.get("path") if isinstance(ledger, dict) else None
+    if not isinstance(path, str) or not isinstance(filesystem, pyarrow.fs.LocalFileSystem):
+        return frozenset()  # a ledger is a local SQLite file
+    path = _fs_path(os.path.abspath(path))
+    if posixpath.dirname(path) != root:
+        return frozenset()
+    name = posixpath.basename(path)
+    return frozenset(name + suffix for suffix in _SQLITE_SIDECARS)
+
+
+def _fs_path(path: str) -> str:
+    """A path on the storage filesystem, normalised for comparison (no trailing or doubled '/')."""
+    return posixpath.normpath(os.fspath(path).replace(os.sep, "/"))
 
 
 def _released_trial(

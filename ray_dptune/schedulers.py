@@ -8,6 +8,7 @@ from typing import Any
 from ray import tune
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
+from ray_dptune.accounting.spend import report_covers
 from ray_dptune.errors import PrivacyError
 
 __all__ = ["PrivacyGuardScheduler", "check_scheduler", "private_tune_config"]
@@ -41,13 +42,13 @@ class PrivacyGuardScheduler(FIFOScheduler):
         self._searcher = searcher
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
-        from ray_dptune.callbacks import PLAN_KEY, SPENT_KEY, _covers
+        from ray_dptune.callbacks import PLAN_KEY, SPENT_KEY
 
         if self._searcher is not None and not self._searcher.accounts_trial(trial.config):
             return TrialScheduler.CONTINUE
         plan, spent = _nested(result, PLAN_KEY), _nested(result, SPENT_KEY)
         try:
-            over = not _covers(plan, spent)
+            over = not report_covers(plan, spent)
         except (ValueError, AttributeError, TypeError):
             over = True  # a trial that cannot show its spend is within plan does not go on
         if over:

@@ -113,7 +113,7 @@ def main(out_dir: str, kill_node: bool, interrupt: bool) -> None:
                 "num_trials": searcher.num_trials,
                 "results": len(results),
                 "errors": [str(r.error) for r in results if r.error],
-                "attempts": {tid: [a["status"] for a in t["attempts"]] for tid, t in report["trials"].items()},
+                "attempts": {tid: [a["state"] for a in t["attempts"]] for tid, t in report["trials"].items()},
                 "epsilon": report["guarantee"]["epsilon"],
                 "nodes": sorted({r.metrics.get("node") for r in results if r.metrics}),
                 "killed": (out / "killed").read_text() if (out / "killed").exists() else None,

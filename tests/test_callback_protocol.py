@@ -7,7 +7,7 @@ import pytest
 
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, TrialSpend
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.errors import UnsupportedBoundError
+from ray_dptune.accounting.account import Mechanism
 from ray_dptune.ledger import PrivacyLedger
 from ray_dptune.search.base import PrivateSearcher
 
@@ -28,8 +28,8 @@ class _ScreenThenTrain(PrivateSearcher):
     def accounts_trial(self, config):
         return config.get("final", False)
 
-    def search_curve(self, plan, *, generic=False):
-        return ROUNDS + plan
+    def privacy_mechanism(self):
+        return Mechanism.constant_overhead(epsilon_round=0.1, max_rounds=5)
 
     def privacy_details(self):
         return {"released_trial_id": "final", "rounds": 5}
@@ -46,8 +46,8 @@ class _SelfReleasing(PrivateSearcher):
     def accounts_trial(self, config):
         return False
 
-    def release_guarantee(self):
-        return {"epsilon": 2.0, "delta": self._delta, "assumption": "test"}
+    def privacy_mechanism(self):
+        return Mechanism.release(epsilon=2.0, delta=self._delta, description={"assumption": "test"})
 
 
 def _trial(trial_id, **config):
@@ -72,9 +72,9 @@ def test_screening_trials_need_no_plan_and_their_failures_are_covered_by_the_sea
     accountant.on_trial_result(0, [], final, {"acc": 0.9, "dp_plan": PLAN.to_dict(), "dp_spent": PLAN.to_dict()})
     accountant.on_trial_complete(0, [], final)
     guarantee = accountant.guarantee()
-    assert guarantee["failed_attempts"] == 0
+    assert guarantee["charged_attempts"] == 0
     assert guarantee["epsilon"] == pytest.approx((ROUNDS + PLAN.curve()).epsilon(1e-5), rel=1e-12)
-    report = accountant.report()
+    report = accountant.report().to_dict()
     assert report["unaccounted_trials"] == ["screen"]
     assert report["threat_model"] == _ScreenThenTrain.threat_model
     assert report["covers"] == _ScreenThenTrain.coverage
@@ -106,16 +106,26 @@ def test_a_release_guarantee_is_reported_as_the_searcher_states_it():
 def test_a_release_guarantee_above_the_target_or_the_callbacks_delta_is_refused():
     with pytest.raises(PrivacyError, match="above target_epsilon"):
         PrivacyAccountantCallback(_SelfReleasing(), delta=1e-5, target_epsilon=1.5, verbose=False)
-    with pytest.raises(PrivacyError, match="releases at δ = 0.001"):
+    with pytest.raises(PrivacyError, match="releases at δ = 0.001, above this search's δ = 1e-05"):
         PrivacyAccountantCallback(_SelfReleasing(delta=1e-3), delta=1e-5, verbose=False)
 
 
-def test_searchers_outside_the_protocol_and_the_ledger_for_other_searchers_are_refused(tmp_path):
+def test_searchers_outside_the_protocol_are_refused_and_the_ledger_takes_every_mechanism(tmp_path):
     with pytest.raises(TypeError, match="ray_dptune DP searcher"):
         PrivacyAccountantCallback(SimpleNamespace(num_trials=3), delta=1e-5)
     ledger = PrivacyLedger(tmp_path / "ledger.db")
-    with pytest.raises(UnsupportedBoundError, match="ledger composes random-count"):
+    with pytest.raises(ValueError, match="ledger needs plan="):
         PrivacyAccountantCallback(_ScreenThenTrain(), delta=1e-5, ledger=ledger, dataset="d")
+    screened = PrivacyAccountantCallback(_ScreenThenTrain(), delta=1e-5, plan=PLAN, ledger=ledger, dataset="d")
+    released = PrivacyAccountantCallback(_SelfReleasing(), delta=1e-5, ledger=ledger, dataset="d")
+    for accountant in (screened, released):
+        accountant.setup(num_samples=-1)
+    final = _trial("final", final=True)
+    screened.on_trial_start(0, [], final)
+    screened.on_trial_error(0, [], final)  # one failed final attempt: charged on top
+    curve = ROUNDS + PLAN.curve() + PLAN.curve()
+    expected = curve.epsilon(1e-5 - 1e-6) + 2.0  # basic composition with the (2, 1e-6) release
+    assert ledger.dataset_epsilon("d", delta=1e-5) == pytest.approx(expected, rel=1e-9)
 
 
 def test_the_report_withholds_configurations_an_adaptive_searcher_chose_from_unreleased_results():
@@ -125,5 +135,5 @@ def test_the_report_withholds_configurations_an_adaptive_searcher_chose_from_unr
     for searcher, shown in ((_ScreenThenTrain(), {"lr": 0.5}), (_Adaptive(), None)):
         accountant = PrivacyAccountantCallback(searcher, delta=1e-5, verbose=False)
         accountant.on_trial_start(0, [], _trial("t", lr=0.5))
-        config = accountant.report()["trials"]["t"]["config"]
+        config = accountant.report().trials["t"]["config"]
         assert config == shown if shown else config.startswith("withheld")

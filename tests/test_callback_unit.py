@@ -70,8 +70,8 @@ def test_an_interrupted_attempt_counts_as_failed_at_its_plan():
     )
     accountant.on_trial_start(0, [], TRIAL)
     accountant.on_trial_start(0, [], TRIAL)  # restarted without an error event (driver restore)
-    statuses = [a["status"] for a in accountant.report()["trials"]["t1"]["attempts"]]
-    assert statuses == ["failed", "running"]
+    states = [a["state"] for a in accountant.report().trials["t1"]["attempts"]]
+    assert states == ["unknown", "started"]
     curve = np.array(accountant.guarantee()["curve"]["epsilons"], dtype=float)
     np.testing.assert_allclose(curve, (2 * PLAN.curve()).epsilons, rtol=1e-12)
 

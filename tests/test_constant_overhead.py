@@ -243,13 +243,13 @@ def test_the_code_draws_the_law_that_was_checked():
 # ---------------------------------------------------------------------- accounting
 
 
-def test_search_curve_is_t_max_pure_rounds_plus_the_plan():
+def test_the_mechanism_is_t_max_pure_rounds_plus_the_plan():
     plan = TrialSpend(0.05, 1.5, 40).curve()
     searcher = ConstantOverheadSearcher(
         [{"lr": 0.1}, {"lr": 1.0}], partitions=5, epsilon_round=0.05, granularity=0.01, metric="acc", seed=0
     )
     assert searcher.max_rounds == 46
-    curve = searcher.search_curve(plan)
+    curve = searcher.privacy_mechanism().selection_curve(plan)
     alpha, eps = plan.orders, 0.05
     np.testing.assert_allclose(curve.epsilons, 46 * np.minimum(eps, alpha * eps**2 / 2) + plan.epsilons, rtol=1e-15)
     assert np.array_equal(curve.orders, plan.orders)
@@ -269,7 +269,7 @@ def test_accounting_uses_t_max_not_the_rounds_used():
     details = searcher.privacy_details()
     assert details["rounds_used"] < details["max_rounds"]
     plan = RDPCurve.zero()
-    assert searcher.search_curve(plan) == svt_curve(SETTINGS["epsilon_round"], searcher.max_rounds)
+    assert searcher.privacy_mechanism().selection_curve(plan) == svt_curve(SETTINGS["epsilon_round"], searcher.max_rounds)
 
 
 # ---------------------------------------------------------------------- the searcher, without Ray
@@ -529,7 +529,7 @@ def test_end_to_end_in_tune(tmp_path):
         report = json.load(file)
     expected = (svt_curve(5.0, searcher.max_rounds, PLAN.curve().orders) + PLAN.curve()).epsilon(delta)
     assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
-    assert report["guarantee"]["failed_attempts"] == 0
+    assert report["guarantee"]["charged_attempts"] == 0
     assert len(report["unaccounted_trials"]) == 4
     details = report["details"]
     assert details["rounds_used"] <= details["max_rounds"] == searcher.max_rounds

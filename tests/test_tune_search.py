@@ -72,16 +72,16 @@ def test_exactly_k_trials_run(tmp_path, k):
     searcher = RandomCountSearcher(law, metric="score", mode="max", seed=seed_with(law, k))
     results, callback = run(tmp_path, searcher, name=f"k{k}")
     assert len(results) == k
-    report = read_report(results) if k else callback.report()
+    report = read_report(results) if k else callback.report().to_dict()
     assert report["num_trials_planned"] == k == report["num_trials_started"]
     if k == 0:
         assert release_best(results).config == {}  # nothing ran: a data-independent release
     else:
         expected = repeat_and_select(PLAN.curve(), law).epsilon(DELTA)
         assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
-        assert report["guarantee"]["failed_attempts"] == 0
+        assert report["guarantee"]["charged_attempts"] == 0
         assert all(len(t["attempts"]) == 1 for t in report["trials"].values())
-        assert {t["attempts"][0]["status"] for t in report["trials"].values()} == {"completed"}
+        assert {t["attempts"][0]["state"] for t in report["trials"].values()} == {"completed"}
 
 
 def test_report_and_release_of_the_best_trial_only(tmp_path):
@@ -121,7 +121,7 @@ def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
     results, _ = run(tmp_path, RandomCountSearcher(law, metric="score", mode="max", seed=1), flaky, failure=1)
     report = read_report(results)
     attempts = next(iter(report["trials"].values()))["attempts"]
-    assert [a["status"] for a in attempts] == ["failed", "completed"]
+    assert [a["state"] for a in attempts] == ["failed", "completed"]
     # the failed attempt may have spent up to its plan: composed on top of the selection bound
     assert report["guarantee"]["epsilon"] == pytest.approx((2 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
     assert report["guarantee"]["epsilon"] > PLAN.curve().epsilon(DELTA)
@@ -240,8 +240,8 @@ def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
     assert len(list(starts.iterdir())) == 4  # 3 first starts + 1 retry; finished trials not re-run
     report = read_report(second)
     assert report["num_trials_planned"] == 3 == report["num_trials_started"]
-    statuses = sorted(tuple(a["status"] for a in t["attempts"]) for t in report["trials"].values())
-    assert statuses == [("completed",), ("completed",), ("failed", "completed")]
+    states = sorted(tuple(a["state"] for a in t["attempts"]) for t in report["trials"].values())
+    assert states == [("completed",), ("completed",), ("failed", "completed")]
     expected = (3 * PLAN.curve() + PLAN.curve()).epsilon(DELTA)  # selection (k=3) + the failed attempt
     assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
 
@@ -302,7 +302,7 @@ def test_the_ledger_composes_searches_on_one_dataset(tmp_path):
     report = read_report(second)
     assert report["guarantee"]["epsilon"] == pytest.approx(one_search, rel=1e-12)
     assert report["guarantee"]["epsilon_dataset"] == pytest.approx((4 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
-    assert len(ledger.experiments("digits")) == 2
+    assert len(ledger.searches("digits")) == 2
     # re-running until the results look good is accounted: a target on the dataset total refuses a third
     with pytest.raises(Exception, match="dataset 'digits'"):
         run(

@@ -16,7 +16,7 @@ import numpy as np
 
 from ray_dptune.accounting.rdp import RDPCurve
 
-__all__ = ["TrialSpend", "curve_from_report", "parse_report"]
+__all__ = ["TrialSpend", "curve_from_report", "parse_report", "report_covers"]
 
 
 @dataclass(frozen=True)
@@ -115,3 +115,19 @@ def parse_report(record: Any) -> TrialSpend | RDPCurve:
         "A privacy report must be a TrialSpend dict (kind='dpsgd') or an RDPCurve dict "
         f"(orders, epsilons); got {record!r}."
     )
+
+
+def report_covers(plan: Any, spent: Any) -> bool:
+    """True when the ``spent`` report costs no more than the ``plan`` report at any order.
+
+    Raises:
+        ValueError: either record is malformed.
+    """
+    plan, spent = parse_report(plan), parse_report(spent)
+    if isinstance(plan, TrialSpend) and isinstance(spent, TrialSpend):
+        return plan.covers(spent)
+    return _as_curve(plan).dominates(_as_curve(spent))
+
+
+def _as_curve(record: TrialSpend | RDPCurve) -> RDPCurve:
+    return record.curve() if isinstance(record, TrialSpend) else record

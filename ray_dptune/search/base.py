@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import pickle
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from ray.tune.search import Searcher
 
-from ray_dptune.accounting import RDPCurve, repeat_and_select
+from ray_dptune.accounting.account import Mechanism
 from ray_dptune.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 
@@ -30,14 +31,18 @@ def refuse_truncation(num_samples: Any, planned_trials: int) -> None:
 class PrivateSearcher(Searcher):
     """A Tune searcher that declares to :class:`~ray_dptune.PrivacyAccountantCallback` how it is accounted.
 
-    The accountant asks each searcher three things:
+    The accountant asks each searcher:
 
+    * :meth:`privacy_mechanism`: how the whole search is bounded (a
+      :class:`~ray_dptune.accounting.account.Mechanism`); the account turns it, the plan
+      and every attempt into the guarantee — no searcher computes one itself.
     * :meth:`accounts_trial`: must this trial report ``dp_plan``/``dp_spent``? Such trials
       all satisfy one plan (an RDP curve) that the callback learns and enforces.
-    * :meth:`search_curve`: the RDP curve of the whole search, given that plan.
-    * :meth:`release_guarantee`: for searchers whose guarantee does not come from the
-      trials' plans (DP Bayesian optimisation protects the validation set by its final
-      release), that (ε, δ) with its assumption; None otherwise.
+
+    Write-ahead: the callback attaches a recorder (:meth:`attach_recorder`); a searcher
+    calls :meth:`record_suggestion` before it returns a configuration, and
+    :meth:`record_event` before any data-dependent step of its own (a selection, a
+    release) can leave the driver.
 
     :attr:`threat_model` says, in the report, what is protected and under which assumption,
     :attr:`coverage` which outputs the guarantee covers; :meth:`privacy_details` adds the
@@ -71,13 +76,23 @@ class PrivateSearcher(Searcher):
         """True when the trial with ``config`` must report and satisfy the search's plan."""
         return True
 
-    def search_curve(self, plan: RDPCurve, *, generic: bool = False) -> RDPCurve:
-        """The RDP curve of the whole search when every accounted trial satisfies ``plan``."""
-        raise NotImplementedError(f"{type(self).__name__} is not accounted through its trials' plans.")
+    def privacy_mechanism(self) -> Mechanism:
+        """How the whole search is bounded (read by the account)."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare its privacy mechanism.")
 
-    def release_guarantee(self) -> dict[str, Any] | None:
-        """(ε, δ) of a guarantee that does not come from the trials' plans, or None."""
-        return None
+    def attach_recorder(self, recorder: Callable[[Mapping[str, Any]], None] | None) -> None:
+        """Sets where this searcher's write-ahead events go (the accountant callback's journal)."""
+        self._recorder = recorder
+
+    def record_event(self, event: Mapping[str, Any]) -> None:
+        """Records an event durably before its effect can leave the driver (no-op without a recorder)."""
+        recorder = getattr(self, "_recorder", None)
+        if recorder is not None:
+            recorder(event)
+
+    def record_suggestion(self, trial_id: str, config: Mapping[str, Any]) -> None:
+        """Records that ``trial_id`` was suggested (charged until its fate is known)."""
+        self.record_event({"type": "suggested", "trial_id": trial_id, "accounted": bool(self.accounts_trial(config))})
 
     def privacy_details(self) -> dict[str, Any]:
         """Searcher-specific facts for the privacy report (JSON-serialisable)."""
@@ -119,6 +134,6 @@ class RunCountSearcher(PrivateSearcher):
         """The law K was drawn from."""
         return self._distribution
 
-    def search_curve(self, plan: RDPCurve, *, generic: bool = False) -> RDPCurve:
-        """``repeat_and_select(plan, law, density_ratio)``: P&S Thm 2/6, DP-HyPO Thm 1."""
-        return repeat_and_select(plan, self._distribution, density_ratio=self.density_ratio, generic=generic)
+    def privacy_mechanism(self) -> Mechanism:
+        """K ~ law runs, best released: P&S Thm 2/6, DP-HyPO Thm 1 when ``density_ratio`` > 1."""
+        return Mechanism.random_count(law=self._distribution, num_trials=self._num_trials, density_ratio=self.density_ratio)

@@ -16,7 +16,7 @@ Three phases, all driven by this searcher:
    plan is the search's plan, and it is the released trial.
 
 The whole search is accounted as T_max · ε_round pure-DP rounds (RDP composition)
-plus the final trial's DP-SGD plan (:meth:`ConstantOverheadSearcher.search_curve`).
+plus the final trial's DP-SGD plan (:meth:`ConstantOverheadSearcher.privacy_mechanism`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 from ray.tune.search import Searcher
 from ray.tune.search.sample import Categorical, Domain
 
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.account import Mechanism
 from ray_dptune.accounting.svt import (
     HEADROOM_FACTOR,
     SVTParams,
@@ -41,7 +41,6 @@ from ray_dptune.accounting.svt import (
     check_max_rounds,
     default_max_rounds,
     run_svt,
-    svt_curve,
     worst_case_noiseless_rounds,
 )
 from ray_dptune.distributions import secure_rng
@@ -255,16 +254,15 @@ class ConstantOverheadSearcher(PrivateSearcher):
         """Only the final trial (no ``dp_partition`` key) must report and satisfy the plan."""
         return PARTITION_KEY not in config
 
-    def search_curve(self, plan: RDPCurve, *, generic: bool = False) -> RDPCurve:
-        """T_max ε_round-DP rounds composed with the final trial's ``plan``.
+    def privacy_mechanism(self) -> Mechanism:
+        """T_max ε_round-DP rounds per selection composed with the final trial's plan.
 
         Each round is ε_round-DP (Dwork & Roth Thm 3.23 with Δ = 1/k by Ding et al.
         Lemma 2; Ding et al. Thm 3, part I), so T_max rounds have RDP
         T_max · min(ε, αε²/2) (:func:`~ray_dptune.accounting.svt.svt_curve`); the final
-        DP-SGD training composes by addition (Mironov 2017, Prop. 1). ``generic`` has
-        no tighter variant here and is ignored.
+        DP-SGD training composes by addition (Mironov 2017, Prop. 1).
         """
-        return svt_curve(self._params.epsilon, self._max_rounds, plan.orders) + plan
+        return Mechanism.constant_overhead(epsilon_round=self._params.epsilon, max_rounds=self._max_rounds)
 
     def privacy_details(self) -> dict[str, Any]:
         """The search's data-independent settings and the sparse-vector outcome (no utilities)."""
@@ -325,6 +323,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
             self._suggested[trial_id] = (s, i)
             config = copy.deepcopy(self._candidates[s])
             config[PARTITION_KEY] = {"index": i, "count": self._params.partitions, "private": self._private_partitions}
+            self.record_suggestion(trial_id, config)
             return config
         if self._final_trial_id is not None:
             return Searcher.FINISHED
@@ -339,7 +338,9 @@ class ConstantOverheadSearcher(PrivateSearcher):
             trial_id,
             self.selected_index,
         )
-        return copy.deepcopy(self._candidates[self.selected_index])
+        config = copy.deepcopy(self._candidates[self.selected_index])
+        self.record_suggestion(trial_id, config)
+        return config
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Records a partition trial's final accuracy (0 if it failed); runs the rounds after the last."""
@@ -439,6 +440,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
         k = self._params.partitions
         utilities = [math.fsum(self._accuracies[(s, i)] for i in range(k)) / k for s in range(len(self._candidates))]
         utilities = [min(1.0, max(0.0, u)) for u in utilities]  # a mean of values in [0, 1]; rounding only
+        self.record_event({"type": "selection"})  # T_max rounds charged before they run
         self._outcome = run_svt(utilities, self._params, max_rounds=self._max_rounds, rng=self._rng)
         logger.info(
             "Constant-overhead search: %d of at most %d rounds%s; s* = %s.",

@@ -34,6 +34,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.variant_generator import assign_value
 
 from ray_dptune.accounting import validation_release as vr
+from ray_dptune.accounting.account import Mechanism
 from ray_dptune.distributions import secure_rng
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 from ray_dptune.search.base import PrivateSearcher, refuse_truncation
@@ -332,6 +333,11 @@ class DPBOSearcher(PrivateSearcher):
         """False: the training data are public here, so trials report no DP-SGD plan."""
         return False
 
+    def privacy_mechanism(self) -> Mechanism:
+        """The release's (ε, δ) (Kusner et al. 2015), charged once per release the search makes."""
+        guarantee = self.release_guarantee()
+        return Mechanism.release(epsilon=guarantee["epsilon"], delta=guarantee["delta"], description=guarantee)
+
     def release_guarantee(self) -> dict[str, Any]:
         """(ε, δ) of the release, with its assumption, known before the search starts."""
         s = self._settings
@@ -411,7 +417,9 @@ class DPBOSearcher(PrivateSearcher):
             index = self.next_index()
         self._trials[trial_id] = {"index": index, "status": "pending"}
         self._pending = trial_id
-        return copy.deepcopy(self._configs[index])
+        config = copy.deepcopy(self._configs[index])
+        self.record_suggestion(trial_id, config)
+        return config
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Records the observation; after the T-th, makes the private release. A repeat call is ignored."""
@@ -431,6 +439,7 @@ class DPBOSearcher(PrivateSearcher):
         self._retry, self._failures = None, 0
         self._observations.append((record["index"], float(score)))
         if len(self._observations) == self._num_trials:
+            self.record_event({"type": "release"})  # charged before it exists: a restore cannot release twice unseen
             self._release = self._make_release()
 
     def get_state(self) -> dict[str, Any]:

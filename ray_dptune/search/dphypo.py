@@ -412,6 +412,7 @@ class DPHyPOSearcher(RunCountSearcher):
         cell = self._sampler.draw(self.next_probabilities())  # checks [c, C]·prior first
         config, features = self._cells.sample(cell, self._sampler.rng)
         self._suggested[trial_id] = {"config": config, "x": features, "completed": False}
+        self.record_suggestion(trial_id, config)
         return config
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:

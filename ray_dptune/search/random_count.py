@@ -62,8 +62,6 @@ class RandomCountSearcher(RunCountSearcher):
         self._num_trials = distribution.sample(self._rng)
         self._suggested: dict[str, dict[str, Any]] = {}
 
-    # ------------------------------------------------------------------ what the accountant reads
-
     # ------------------------------------------------------------------ Searcher API
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         refuse_truncation(spec.get("num_samples"), self._num_trials)
@@ -82,6 +80,7 @@ class RandomCountSearcher(RunCountSearcher):
             raise RuntimeError(_NO_SPACE)
         config = sample_config(self._space, self._rng)
         self._suggested[trial_id] = config
+        self.record_suggestion(trial_id, config)
         return config
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:

@@ -1,0 +1,121 @@
+"""SearchJournal: the write-ahead record of a search, from which its account is rebuilt.
+
+One SQLite file per experiment (``privacy_journal.db`` in the experiment folder). It
+holds the search's record (its id, mechanism, δ, plan) and the append-only list of
+account events (:meth:`ray_dptune.accounting.account.SearchAccount.apply`). Events that
+can add privacy cost — a suggestion, an attempt start, a restore, a selection or release
+by the searcher, the plan — are committed with ``synchronous=FULL`` *before* Tune may
+hand the trial to a worker; the rest (reports, completions, failures) with ``NORMAL``,
+since losing one only leaves an attempt live, and a live attempt of an earlier driver is
+charged in full. The journal holds no configuration and no score.
+
+Restoring replays the events into a fresh account and appends a ``restored`` event:
+every attempt the killed driver left live is then charged at its full plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.errors import PrivacyError
+from ray_dptune.store import SQLiteStore
+
+__all__ = ["JOURNAL_FILE", "SearchJournal"]
+
+JOURNAL_FILE = "privacy_journal.db"
+_VERSION = 1
+_SCHEMA = """
+CREATE TABLE search (
+    only_row INTEGER PRIMARY KEY CHECK (only_row = 1),
+    search_id TEXT NOT NULL,
+    created REAL NOT NULL,
+    record TEXT NOT NULL
+);
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    event TEXT NOT NULL
+)
+"""
+DURABLE_EVENTS = frozenset({"suggested", "started", "restored", "selection", "release", "plan"})
+
+
+class SearchJournal:
+    """The journal file at ``path`` (created on first write)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self._store = SQLiteStore(
+            path, kind="privacy journal", version=_VERSION, schema=_SCHEMA, tables=("search", "events")
+        )
+
+    @property
+    def path(self) -> str:
+        return self._store.path
+
+    def search(self) -> dict[str, Any] | None:
+        """``{"search_id", "created", "record"}`` of the search in this journal, or None."""
+        with self._store.reading() as db:
+            row = db.execute("SELECT search_id, created, record FROM search").fetchone()
+        return None if row is None else {"search_id": row[0], "created": row[1], "record": json.loads(row[2])}
+
+    def begin(self, search_id: str, record: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Writes the search's record (and its first events) durably; refuses a second search.
+
+        Raises:
+            PrivacyError: the journal already holds another search (a new search into the
+                same experiment folder would mix two searches' records).
+        """
+        with self._store.transaction(durable=True) as db:
+            row = db.execute("SELECT search_id FROM search").fetchone()
+            if row is not None and row[0] != search_id:
+                raise PrivacyError(
+                    f"{self.path} already holds the privacy record of search {row[0]}: a new search into the same "
+                    "experiment folder would overwrite its report. Give the new run another name "
+                    "(tune.RunConfig(name=...)), or continue the old one with tune.Tuner.restore(path, trainable)."
+                )
+            if row is None:
+                db.execute(
+                    "INSERT INTO search VALUES (1, ?, ?, ?)", (search_id, time.time(), json.dumps(dict(record)))
+                )
+            self._insert(db, events)
+
+    def append(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Appends events in one transaction, synced to disk when any of them can add cost."""
+        events = list(events)
+        if not events:
+            return
+        durable = any(event["type"] in DURABLE_EVENTS for event in events)
+        with self._store.transaction(durable=durable) as db:
+            self._insert(db, events)
+
+    def events(self) -> list[dict[str, Any]]:
+        with self._store.reading() as db:
+            return [json.loads(row[0]) for row in db.execute("SELECT event FROM events ORDER BY seq")]
+
+    def account(self, *, generic: bool = False) -> SearchAccount:
+        """The account rebuilt from the journal's record and events (no ``restored`` event added)."""
+        search = self.search()
+        if search is None:
+            raise PrivacyError(f"{self.path} holds no search record.")
+        record = search["record"]
+        account = SearchAccount(
+            Mechanism.from_dict(record["mechanism"]), delta=record["delta"], plan=record.get("plan"), generic=generic
+        )
+        for event in self.events():
+            account.apply(event)
+        return account
+
+    def close(self) -> None:
+        self._store.close()
+
+    @staticmethod
+    def _insert(db: Any, events: Iterable[Mapping[str, Any]]) -> None:
+        now = time.time()
+        db.executemany(
+            "INSERT INTO events (at, event) VALUES (?, ?)", [(now, json.dumps(dict(e), sort_keys=True)) for e in events]
+        )

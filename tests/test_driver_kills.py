@@ -1,0 +1,161 @@
+"""SIGKILL the driver of a private search at many instants, restore it, and audit the report.
+
+Each variant runs ``tests/kill_driver.py`` as a separate driver process on the shared
+Ray session, kills it with SIGKILL at the given instants (a suggestion, an attempt
+start, mid-report, right after Tune's experiment checkpoint, or a timer), restores it
+with ``tune.Tuner.restore`` after each kill, and lets the last driver finish. The
+trainable logs every start to a side file, independently of the driver. With K fixed
+(PointMass), at most K attempts can be covered by the selection bound, so the attempts
+the side file saw imply ε ≥ ε(max(A, K) · plan); the report must never say less.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ray_dptune.accounting.account import Mechanism, SearchAccount
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+DRIVER = os.path.join(os.path.dirname(__file__), "kill_driver.py")
+sys.path.insert(0, os.path.dirname(__file__))
+from kill_driver import DELTA, PLAN  # noqa: E402
+
+
+def drive(tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: list[str] = (), env: dict | None = None):
+    """Runs the driver once per kill (each must die by SIGKILL), then once to the end."""
+    import ray
+
+    side = tmp_path / f"{name}.side"
+    side.touch()
+    environment = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "SIDE_FILE": str(side)}
+    environment.update(env or {})
+    killed = 0
+    for run, kill in enumerate([*kills, []]):
+        args = [sys.executable, DRIVER, str(tmp_path), name, str(side), "--k", str(k), *extra, *kill]
+        if run:
+            args.append("--restore")
+        process = subprocess.run(args, env=environment, capture_output=True, text=True, timeout=300)
+        if kill and process.returncode == -9:
+            killed += 1
+            continue
+        assert process.returncode == 0, process.stderr[-3000:]
+        break
+    with open(tmp_path / name / "privacy_report.json") as file:
+        report = json.load(file)
+    lines = side.read_text().split()
+    starts = [lines[i + 1] for i in range(0, len(lines), 2) if lines[i] == "start"]
+    return report, starts, killed
+
+
+def implied_epsilon(attempts: int, k: int) -> float:
+    """The least ε any honest account can give A attempts under a K-run bound: max(A, K) plans composed."""
+    return (max(attempts, k) * PLAN.curve()).epsilon(DELTA)
+
+
+def audit(report: dict, starts: list[str], k: int) -> None:
+    attempts = len(starts)
+    guarantee = report["guarantee"]
+    assert guarantee["epsilon"] >= implied_epsilon(attempts, k) * (1 - 1e-12), (attempts, guarantee)
+    assert guarantee["charged_attempts"] >= attempts - k  # every attempt beyond K is charged
+    recorded = {trial: len(record["attempts"]) for trial, record in report["trials"].items()}
+    for trial in set(starts):  # the journal saw every attempt the side file saw
+        assert recorded.get(trial, 0) >= starts.count(trial), (trial, recorded)
+    # the report is exactly the account of its own journal, and the journal can be replayed
+    from ray_dptune.journal import SearchJournal
+
+    replayed = SearchJournal(report["journal"]).account().guarantee(if_stopped_now=True)
+    assert replayed.epsilon == pytest.approx(guarantee["epsilon"], rel=1e-12)
+
+
+KILL_PLANS = {
+    "after-a-suggestion": [["--kill", "suggest:2"], ["--kill", "suggest:1"]],
+    "after-a-start": [["--kill", "start:1"], ["--kill", "start:2"]],
+    "mid-report": [["--kill", "result:2"], ["--kill", "result:4"]],
+    "after-a-checkpoint": [["--kill", "step:5"], ["--kill", "step:40"]],
+    "timed": [["--kill-after", "0.4"], ["--kill-after", "1.1"], ["--kill-after", "0.7"]],
+    "repeated": [["--kill", "start:1"], ["--kill", "result:1"], ["--kill", "suggest:1"], ["--kill", "start:1"]],
+}
+
+
+@pytest.mark.parametrize("kills", list(KILL_PLANS.values()), ids=list(KILL_PLANS))
+def test_a_killed_driver_never_under_counts(tmp_path, kills):
+    report, starts, killed = drive(tmp_path, "search", kills)
+    assert killed >= 1  # the test killed for real
+    audit(report, starts, k=3)
+    assert report["restores"] == killed
+
+
+def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
+    from ray_dptune.ledger import PrivacyLedger
+
+    ledger_path = tmp_path / "ledger.db"
+    kills = [["--kill", "result:3"], ["--kill", "start:1"], ["--kill-after", "0.5"]]
+    report, starts, killed = drive(tmp_path, "ledgered", kills, extra=["--ledger", str(ledger_path)])
+    assert killed >= 2
+    audit(report, starts, k=3)
+    total = PrivacyLedger(ledger_path).dataset_epsilon("kills", delta=DELTA)
+    assert total >= implied_epsilon(len(starts), 3) * (1 - 1e-12)
+    assert total == pytest.approx(report["guarantee"]["epsilon"], rel=1e-9)
+
+
+def test_with_the_real_dp_trainable(tmp_path):
+    """Opacus DP-SGD on digits, killed mid-report: the restored report charges the lost attempt."""
+    report, starts, killed = drive(tmp_path, "digits", [["--kill", "result:1"]], k=2, extra=["--digits"])
+    assert killed == 1
+    plan = report["plan"]
+    from ray_dptune.accounting.spend import curve_from_report
+
+    least = (max(len(starts), 2) * curve_from_report(plan)).epsilon(DELTA)
+    assert report["guarantee"]["epsilon"] >= least * (1 - 1e-12)
+    assert len(starts) > 2 or report["guarantee"]["charged_attempts"] >= 1
+
+
+def test_a_new_search_into_a_used_folder_is_refused_and_the_first_report_kept(tmp_path):
+    report, _, _ = drive(tmp_path, "once", [])
+    before = (tmp_path / "once" / "privacy_report.json").read_bytes()
+    import ray
+
+    environment = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    side = tmp_path / "again.side"
+    process = subprocess.run(
+        [sys.executable, DRIVER, str(tmp_path), "once", str(side), "--k", "1"],
+        env=environment, capture_output=True, text=True, timeout=300,
+    )
+    assert process.returncode != 0
+    assert "already holds the privacy record of search" in process.stderr
+    assert (tmp_path / "once" / "privacy_report.json").read_bytes() == before
+    assert not side.exists() or "start" not in side.read_text()  # refused before any trial trained
+
+
+def test_replaying_a_journal_after_a_restore_charges_every_live_attempt():
+    account = SearchAccount(Mechanism.random_count(law=_point_mass(2), num_trials=2), delta=DELTA, plan=PLAN.to_dict())
+    for event in (
+        {"type": "suggested", "trial_id": "a", "accounted": True},
+        {"type": "started", "trial_id": "a", "accounted": True},
+        {"type": "reported", "trial_id": "a", "spent": PLAN.to_dict()},
+        {"type": "completed", "trial_id": "a"},
+        {"type": "suggested", "trial_id": "b", "accounted": True},
+        {"type": "started", "trial_id": "b", "accounted": True},
+        {"type": "suggested", "trial_id": "c", "accounted": True},  # fate unknown
+    ):
+        account.apply(event)
+    assert account.charged_attempts() == 1  # live: b covered, c beyond K = 2
+    assert account.charged_attempts(if_stopped_now=True) == 2  # only a is known to have completed
+    account.restored()
+    assert account.charged_attempts() == 2
+    account.apply({"type": "started", "trial_id": "b", "accounted": True})  # Tune restarts b
+    account.apply({"type": "completed", "trial_id": "b"})
+    assert account.charged_attempts() == 2  # b's first attempt and c stay charged
+    assert account.guarantee().epsilon == pytest.approx((4 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+
+
+def _point_mass(k):
+    from ray_dptune.distributions import PointMass
+
+    return PointMass(k)
