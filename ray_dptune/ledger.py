@@ -13,9 +13,13 @@ and a dataset's total is the sum of the stored guarantees: one indexed upsert pe
 record and one scan of float64 blobs per total, whatever the searches were.
 
 The file is a :class:`~ray_dptune.store.SQLiteStore` (schema version 2): several
-drivers may share it (WAL, short ``BEGIN IMMEDIATE`` writes); records commit with
-``synchronous=FULL``. A locked, corrupt, foreign, 0-byte or older-schema file raises
-:class:`~ray_dptune.errors.PrivacyError` and is left byte-identical.
+drivers on one machine may share it (WAL, short ``BEGIN IMMEDIATE`` writes); records
+commit with ``synchronous=FULL``. A locked, corrupt, foreign, 0-byte or older-schema
+file raises :class:`~ray_dptune.errors.PrivacyError` and is left byte-identical.
+Totals are cached per connection until another connection commits (``PRAGMA
+data_version``) or this one records a search they include, so a driver that re-reads
+its dataset's total after each of its own records pays for one scan only when
+another driver wrote.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ray_dptune.store import SQLiteStore
 __all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger"]
 
 LEDGER_SCHEMA_VERSION = 2
+_MAX_CACHED = 64  # cached (dataset, exclude) totals per connection
 _FLOAT = np.dtype("<f8")  # curves are stored as little-endian float64 blobs
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS searches (
@@ -73,7 +78,8 @@ class PrivacyLedger:
     """An SQLite privacy ledger at ``path``, created on first use, opened at once.
 
     Args:
-        path: the ledger file; share it (e.g. on NFS) between the drivers of one team.
+        path: the ledger file, shared by the drivers of one machine (SQLite's WAL mode
+            needs shared memory: not on a network file system).
         timeout: seconds to wait for another writer before raising PrivacyError.
 
     Raises:
@@ -90,8 +96,13 @@ class PrivacyLedger:
             tables=("searches",),
             timeout=timeout,
         )
+        self._totals: dict[tuple[str, str | None], tuple[RDPCurve | None, float, float]] = {}
+        self._seen_version: int | None = None  # PRAGMA data_version when self._totals was filled
         with self._store.reading():  # fail now, not in the middle of a search
             pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_totals": {}, "_seen_version": None}  # versions are per connection
 
     # ------------------------------------------------------------------ writing
     def record_search(
@@ -115,6 +126,7 @@ class PrivacyLedger:
             ValueError: an empty identifier or an invalid guarantee.
         """
         row = _search_row(search_id, dataset, guarantee, summary)
+        self._forget(dataset, search_id)
         with self._store.transaction(durable=True) as db:
             found = db.execute("SELECT dataset FROM searches WHERE search_id = ?", (search_id,)).fetchone()
             if found is not None and found[0] != dataset:
@@ -152,14 +164,15 @@ class PrivacyLedger:
             PrivacyError: a search charged attempts before its plan was known, so its
                 spend, and the total, have no bound yet.
         """
+        key = (dataset, exclude)
         with self._store.reading() as db:
-            rows = db.execute(_TOTAL, (dataset, exclude)).fetchall()
-        _check_bounded(rows, dataset)
-        return (
-            _sum_curves(rows),
-            math.fsum(row["release_epsilon"] for row in rows),
-            math.fsum(row["release_delta"] for row in rows),
-        )
+            version = db.execute("PRAGMA data_version").fetchone()[0]  # before the scan: never stale
+            if version != self._seen_version or len(self._totals) > _MAX_CACHED:
+                self._totals.clear()
+                self._seen_version = version
+            if key not in self._totals:
+                self._totals[key] = _total(db.execute(_TOTAL, key).fetchall(), dataset)
+        return self._totals[key]
 
     def dataset_epsilon(
         self, dataset: str, *, delta: float, exclude: str | None = None, extra: Guarantee | None = None
@@ -199,6 +212,14 @@ class PrivacyLedger:
     def close(self) -> None:
         """Closes this process's connection (the next call reopens it)."""
         self._store.close()
+        self._totals.clear()
+        self._seen_version = None
+
+    def _forget(self, dataset: str, search_id: str) -> None:
+        """Drops the cached totals a new record of ``search_id`` changes (this connection's
+        own commits leave ``PRAGMA data_version`` unchanged)."""
+        for key in [key for key in self._totals if key[0] == dataset and key[1] != search_id]:
+            del self._totals[key]
 
 
 # ---------------------------------------------------------------------- rows
@@ -241,6 +262,15 @@ def _check_bounded(rows: Iterable[Mapping[str, Any]], dataset: str) -> None:
         )
 
 
+def _total(rows: list[Mapping[str, Any]], dataset: str) -> tuple[RDPCurve | None, float, float]:
+    _check_bounded(rows, dataset)
+    return (
+        _sum_curves(rows),
+        math.fsum(row["release_epsilon"] for row in rows),
+        math.fsum(row["release_delta"] for row in rows),
+    )
+
+
 def _curve_of(row: Mapping[str, Any]) -> RDPCurve | None:
     if row["orders"] is None:
         return None
@@ -259,6 +289,8 @@ def _sum_curves(rows: Iterable[Mapping[str, Any]]) -> RDPCurve | None:
     sums = []
     for orders, epsilons in by_grid.items():
         try:
+            if any(len(blob) != len(orders) for blob in epsilons):
+                raise ValueError("a curve's orders and epsilons differ in length")
             stacked = np.frombuffer(b"".join(epsilons), _FLOAT).reshape(len(epsilons), -1)
             sums.append(RDPCurve(np.frombuffer(orders, _FLOAT), stacked.sum(axis=0)))
         except ValueError as error:

@@ -10,15 +10,15 @@ from typing import Any
 
 from ray_dptune.callbacks import REPORT_FILE
 from ray_dptune.errors import PrivacyError
+from ray_dptune.journal import JOURNAL_FILE
 
 __all__ = ["ReleasedTrial", "release_best"]
 
 # What a purge leaves in the experiment folder besides the released trial's folder: the
-# privacy record, which holds no score: the report and the search's journal
-# (ray_dptune.journal.JOURNAL_FILE) with SQLite's sidecar files.
-_JOURNAL_FILE = "privacy_journal.db"
+# privacy record, which holds no score: the report and the search's journal with SQLite's
+# sidecar files.
 _SQLITE_SIDECARS = ("", "-wal", "-shm", "-journal")
-_PRIVACY_RECORD = frozenset({REPORT_FILE, *(_JOURNAL_FILE + suffix for suffix in _SQLITE_SIDECARS)})
+_PRIVACY_RECORD = frozenset({REPORT_FILE, *(JOURNAL_FILE + suffix for suffix in _SQLITE_SIDECARS)})
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import uuid
 from collections.abc import Iterator
 
 from ray_dptune.errors import PrivacyError
@@ -52,8 +53,9 @@ class SQLiteStore:
     def _open(self) -> sqlite3.Connection:
         if self._db is not None:
             return self._db
-        exists = os.path.exists(self.path)
-        if exists and os.path.getsize(self.path) == 0:
+        if not os.path.exists(self.path):
+            self._create_file()
+        if os.path.getsize(self.path) == 0:
             raise StoreError(
                 f"The {self.kind} {self.path} is an empty (0-byte) file, not a {self.kind}: it may have been "
                 "truncated. Restore it from a backup; if it never held records, delete it to start afresh."
@@ -61,19 +63,37 @@ class SQLiteStore:
         try:
             db = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
             db.row_factory = sqlite3.Row
-            if exists:
-                self._check_existing(db)
+            self._check_existing(db)
             db.execute("PRAGMA journal_mode=WAL")
-            if not exists or self._is_empty(db):
-                self._create(db)
         except sqlite3.DatabaseError as error:
             raise StoreError(f"The {self.kind} {self.path} cannot be opened or is not a database ({error}).") from error
         self._db = db
         return db
 
+    def _create_file(self) -> None:
+        """Builds the schema under a temporary name, then links it into place atomically.
+
+        Two drivers creating the same store at once both succeed: the second link fails
+        with FileExistsError and that driver opens the first one's file.
+        """
+        temporary = f"{self.path}.{uuid.uuid4().hex}.new"
+        try:
+            db = sqlite3.connect(temporary, isolation_level=None)
+            try:
+                self._create(db)
+            finally:
+                db.close()
+            try:
+                os.link(temporary, self.path)
+            except FileExistsError:
+                pass
+        except (OSError, sqlite3.Error) as error:
+            raise StoreError(f"The {self.kind} {self.path} cannot be created ({error}).") from error
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+
     def _check_existing(self, db: sqlite3.Connection) -> None:
-        if self._is_empty(db):
-            return
         version = db.execute("PRAGMA user_version").fetchone()[0]
         names = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if version != self._version or not set(self._tables) <= names:
@@ -84,10 +104,6 @@ class SQLiteStore:
                 f"{sorted(names)}, expected version {self._version} with {sorted(self._tables)}. It was left "
                 "untouched; open it with the ray_dptune version that wrote it."
             )
-
-    @staticmethod
-    def _is_empty(db: sqlite3.Connection) -> bool:
-        return db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
 
     def _create(self, db: sqlite3.Connection) -> None:
         db.execute("BEGIN IMMEDIATE")

@@ -12,7 +12,7 @@ restorable experiment state: ``suggest`` (right after the searcher returned a co
 ``start`` (after the accountant recorded the attempt, before the trial trains), ``result``
 (mid-report: after the accountant saw a result), ``step`` (the start of a controller step,
 right after Tune's throttled experiment checkpoint). ``--kill-after S`` kills it S seconds
-after the state exists, wherever it is. On a normal end it prints the report path.
+after this driver's first trial began training, wherever the driver is then. On a normal end it prints the report path.
 """
 
 from __future__ import annotations
@@ -92,11 +92,18 @@ class KillingCallback(tune.Callback):
         tick("step")
 
 
-def kill_after(experiment: str, seconds: float) -> None:
-    while not restorable(experiment):
+def kill_after(experiment: str, side_file: str, seconds: float) -> None:
+    """SIGKILL ``seconds`` after this driver's first trial began training (read from the side file)."""
+    begun = _starts(side_file)
+    while not restorable(experiment) or _starts(side_file) <= begun:
         time.sleep(0.01)
     time.sleep(seconds)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _starts(side_file: str) -> int:
+    with open(side_file) as file:
+        return file.read().count("start ")
 
 
 def main() -> None:
@@ -118,7 +125,7 @@ def main() -> None:
     if args.kill:
         os.environ["KILL_EVENT"], os.environ["KILL_AT"] = args.kill.split(":")
     if args.kill_after is not None:
-        threading.Thread(target=kill_after, args=(experiment, args.kill_after), daemon=True).start()
+        threading.Thread(target=kill_after, args=(experiment, args.side_file, args.kill_after), daemon=True).start()
     trainable = digits_trainable() if args.digits else fake_trainable
     if args.restore:
         tuner = tune.Tuner.restore(experiment, trainable, resume_errored=True, resume_unfinished=True)

@@ -461,8 +461,8 @@ def test_tune_settings_are_checked():
     searcher = ConstantOverheadSearcher(CANDIDATES, **SETTINGS)
     with pytest.raises(ValueError, match="mode must be 'max'"):
         searcher.set_search_properties("acc", "min", {})
-    with pytest.raises(PrivacyError, match="num_samples=-1"):
-        searcher.set_search_properties("acc", "max", {}, num_samples=10)
+    with pytest.raises(PrivacyError, match="num_samples=-1"):  # the accountant refuses before any trial
+        PrivacyAccountantCallback(searcher, delta=1e-5, verbose=False).setup(num_samples=10)
     assert searcher.set_search_properties("acc", "max", {"epochs": 3}, num_samples=-1) is False
     assert searcher.metric == "acc"
 

@@ -249,7 +249,7 @@ def test_guarantee_is_known_before_the_search():
     searcher.set_search_properties("acc", "max", SPACE, num_samples=-1)
     assert searcher.privacy_details()["n_candidates"] == 6
     with pytest.raises(PrivacyError, match="num_samples=-1"):
-        DPBOSearcher(5, epsilon=0.5, delta=1e-4).set_search_properties("acc", "max", SPACE, num_samples=3)
+        PrivacyAccountantCallback(DPBOSearcher(5, epsilon=0.5, delta=1e-4), delta=1e-3, verbose=False).setup(num_samples=3)
 
 
 def test_release_only_the_config_or_only_the_score():

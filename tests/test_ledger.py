@@ -356,3 +356,36 @@ def test_cli_refuses_an_old_ledger_and_leaves_it(tmp_path, capsys):
     assert raised.value.code == 1
     assert "schema version" in capsys.readouterr().err
     assert digest(path) == before
+
+
+def test_a_cached_total_sees_every_other_drivers_record(tmp_path):
+    path = tmp_path / "ledger.db"
+    mine, theirs = PrivacyLedger(path), PrivacyLedger(path)
+    a, b = random_count(), random_count(failed=1)
+    record(mine, "running", a)
+    record(mine, "earlier", a)
+    cached = mine.dataset_total("digits", exclude="running")
+    record(mine, "running", b)  # the running search's own record: the cached total stays valid
+    assert mine.dataset_total("digits", exclude="running") is cached
+    record(theirs, "theirs", b)  # another connection's commit
+    assert mine.dataset_total("digits", exclude="running")[0] == a.curve + b.curve
+    record(mine, "mine", b)  # this connection's own commit of a search the total includes
+    assert mine.dataset_total("digits", exclude="running")[0] == a.curve + b.curve + b.curve
+    assert mine.dataset_total("digits")[0] == b.curve + a.curve + b.curve + b.curve
+    mine.close()
+    record(theirs, "late", a)
+    assert mine.dataset_total("digits", exclude="running")[0] == a.curve + b.curve + b.curve + a.curve
+
+
+def test_a_damaged_curve_record_raises(tmp_path):
+    path = tmp_path / "ledger.db"
+    ledger = PrivacyLedger(path)
+    record(ledger, "a", random_count())
+    record(ledger, "b", random_count())
+    with sqlite3.connect(path) as db:  # another program truncates one curve by a value
+        db.execute("UPDATE searches SET epsilons = substr(epsilons, 1, length(epsilons) - 8) WHERE search_id = 'a'")
+    db.close()
+    with pytest.raises(PrivacyError, match="corrupt curve"):
+        ledger.dataset_total("digits")
+    with pytest.raises(PrivacyError, match="record of search 'a' is corrupt"):
+        ledger.searches(delta=DELTA)

@@ -30,6 +30,7 @@ from ray_dptune import (
     release_best,
 )
 from ray_dptune.callbacks import REPORT_FILE
+from ray_dptune.journal import JOURNAL_FILE
 from ray_dptune.search.dphypo import DPHyPOSearcher
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -38,6 +39,7 @@ PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 SPACE = {"x": tune.uniform(0.0, 1.0), "lr": tune.loguniform(1e-4, 1.0)}
 DELTA = 1e-5
 EPOCHS = 2
+JOURNAL_FILES = {JOURNAL_FILE + suffix for suffix in ("", "-wal", "-shm", "-journal")}  # the privacy record
 
 
 def score(config, epoch):
@@ -161,14 +163,16 @@ def secrets_before_purge(results):
 
 
 def assert_only_the_release_remains(folder, released, secrets, exempt=()):
-    """No secret in any file, and only the released trial's folder and the privacy report remain."""
+    """No secret in any file; only the released trial's folder and the privacy record remain."""
     assert leaks(folder, secrets, exempt) == []
     # the released trial's own folder and checkpoint stay, with its score
     assert released.checkpoint_path and os.path.isdir(released.checkpoint_path)
     with open(os.path.join(released.checkpoint_path, "model.txt")) as file:
         assert float(file.read()) == released.score
     trial_folder = os.path.dirname(released.checkpoint_path)
-    assert sorted(os.listdir(folder)) == sorted([REPORT_FILE, os.path.basename(trial_folder)])
+    remaining = set(os.listdir(folder))
+    assert {REPORT_FILE, os.path.basename(trial_folder)} <= remaining  # and the journal, if the callback kept one
+    assert remaining - {REPORT_FILE, os.path.basename(trial_folder)} <= JOURNAL_FILES
     with open(os.path.join(trial_folder, "result.json")) as file:
         assert repr(released.score) in file.read()
     assert not tune.Tuner.can_restore(folder)  # as the docstring says: no Tuner.restore after a purge
@@ -241,7 +245,7 @@ def test_purge_keeps_the_privacy_record_and_deletes_every_trial_when_the_searche
     names = ["trial_a", "trial_b", "stale_trial_of_an_earlier_session"]
     for name in names:
         (experiment / name / "checkpoint_000000").mkdir(parents=True)
-    record = ["privacy_journal.db", "privacy_journal.db-wal", "privacy_journal.db-shm", "ledger.db", "ledger.db-wal"]
+    record = [JOURNAL_FILE, JOURNAL_FILE + "-wal", JOURNAL_FILE + "-shm", "ledger.db", "ledger.db-wal"]
     ray_files = ["tuner.pkl", "basic-variant-state-2020-01-01_00-00-00.json", ".validate_storage_marker"]
     for name in record + ray_files:
         (experiment / name).write_bytes(b"x")

@@ -12,6 +12,7 @@ from ray.tune.search import Searcher
 from ray_dptune.accounting.account import Mechanism
 from ray_dptune.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
+from ray_dptune.search.space import space_fingerprint
 
 __all__ = ["PrivateSearcher", "RunCountSearcher", "refuse_truncation"]
 
@@ -79,6 +80,20 @@ class PrivateSearcher(Searcher):
     def privacy_mechanism(self) -> Mechanism:
         """How the whole search is bounded (read by the account)."""
         raise NotImplementedError(f"{type(self).__name__} does not declare its privacy mechanism.")
+
+    def offer_space(self, config: Mapping[str, Any] | None) -> None:
+        """Remembers the space Tune passes (also on ``Tuner.restore(..., param_space=...)``)."""
+        self._offered_space = config
+
+    def check_restored_space(self, restored: Mapping[str, Any] | None) -> None:
+        """Raises PrivacyError when ``Tuner.restore`` was given another space than the search's own."""
+        offered = getattr(self, "_offered_space", None)
+        if offered and restored is not None and space_fingerprint(offered) != space_fingerprint(restored):
+            raise PrivacyError(
+                "tune.Tuner.restore was given a param_space that differs from the one this search started "
+                "with; a restored search must draw from the same space (its trials so far were drawn from the "
+                "original). Restore with the original param_space, or start a new search."
+            )
 
     def attach_recorder(self, recorder: Callable[[Mapping[str, Any]], None] | None) -> None:
         """Sets where this searcher's write-ahead events go (the accountant callback's journal)."""

@@ -45,7 +45,7 @@ from ray_dptune.accounting.svt import (
 )
 from ray_dptune.distributions import secure_rng
 from ray_dptune.errors import UnsupportedBoundError
-from ray_dptune.search.base import PrivateSearcher, refuse_truncation
+from ray_dptune.search.base import PrivateSearcher
 
 __all__ = ["PARTITION_KEY", "ConstantOverheadSearcher", "expand_candidates"]
 
@@ -308,7 +308,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
 
     # ------------------------------------------------------------------ Searcher API
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
-        refuse_truncation(spec.get("num_samples"), self._num_trials)
+        self.offer_space(config)
         _check_mode(mode)
         self._metric = self._metric or metric
         if config and _mentions_partition(config):

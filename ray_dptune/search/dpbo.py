@@ -37,7 +37,7 @@ from ray_dptune.accounting import validation_release as vr
 from ray_dptune.accounting.account import Mechanism
 from ray_dptune.distributions import secure_rng
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
-from ray_dptune.search.base import PrivateSearcher, refuse_truncation
+from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.candidates import _axes, _combos, _features, _sobol
 from ray_dptune.search.dphypo import _single_thread
 
@@ -389,7 +389,7 @@ class DPBOSearcher(PrivateSearcher):
 
     # ------------------------------------------------------------------ Searcher API
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
-        refuse_truncation(spec.get("num_samples"), self._num_trials)
+        self.offer_space(config)
         self._metric = self._metric or metric
         self._mode = self._mode or mode
         if self._space is not None:
@@ -468,6 +468,7 @@ class DPBOSearcher(PrivateSearcher):
         self._num_trials, self._seed, self._settings = int(state["num_trials"]), state["seed"], dict(state["settings"])
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = state["rng_state"]
+        self.check_restored_space(state["space"])
         self._space, self._configs = state["space"], list(state["configs"])
         self._features = np.asarray(state["features"], dtype=float)
         self._metric, self._mode = state["metric"], state["mode"]

@@ -48,7 +48,7 @@ from ray_dptune.distributions import (
     secure_rng,
 )
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
-from ray_dptune.search.base import RunCountSearcher, refuse_truncation
+from ray_dptune.search.base import RunCountSearcher
 from ray_dptune.search.candidates import SearchCells, build_cells
 from ray_dptune.search.projection import project_to_bounded_density
 
@@ -394,7 +394,7 @@ class DPHyPOSearcher(RunCountSearcher):
 
     # ------------------------------------------------------------------ Searcher API
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
-        refuse_truncation(spec.get("num_samples"), self._num_trials)
+        self.offer_space(config)
         self._metric = self._metric or metric  # needed to adapt, also when the space came with the searcher
         self._mode = self._mode or mode
         if self._space is not None:
@@ -454,6 +454,7 @@ class DPHyPOSearcher(RunCountSearcher):
         self._seed, self._settings, self._budget = state["seed"], dict(state["settings"]), state["budget"]
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = state["rng_state"]
+        self.check_restored_space(state["space"])
         self._space, self._metric, self._mode = state["space"], state["metric"], state["mode"]
         self._cells = SearchCells.from_state(self._space, state["cells"]) if state["cells"] else None
         self._sampler = self._new_sampler() if self._cells else None

@@ -8,7 +8,7 @@ import numpy as np
 from ray.tune.search import Searcher
 
 from ray_dptune.distributions import RunCountDistribution, distribution_from_dict, secure_rng
-from ray_dptune.search.base import RunCountSearcher, refuse_truncation
+from ray_dptune.search.base import RunCountSearcher
 from ray_dptune.search.space import check_space, sample_config
 
 __all__ = ["RandomCountSearcher"]
@@ -64,7 +64,7 @@ class RandomCountSearcher(RunCountSearcher):
 
     # ------------------------------------------------------------------ Searcher API
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
-        refuse_truncation(spec.get("num_samples"), self._num_trials)
+        self.offer_space(config)
         if self._space is not None:
             return False
         check_space(config)
@@ -105,6 +105,7 @@ class RandomCountSearcher(RunCountSearcher):
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = state["rng_state"]
         self._suggested = dict(state["suggested"])
+        self.check_restored_space(state["space"])
         self._space = state["space"]
         self._metric = state["metric"]
         self._mode = state["mode"]

@@ -10,13 +10,14 @@ the configuration, as Tune does.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import numpy as np
 from ray.tune.search.sample import Domain, Function
 from ray.tune.search.variant_generator import assign_value, parse_spec_vars
 
-__all__ = ["check_space", "sample_config"]
+__all__ = ["check_space", "sample_config", "space_fingerprint"]
 
 
 def check_space(space: dict[str, Any]) -> None:
@@ -51,3 +52,21 @@ def _plain(value: Any) -> Any:
 def is_domain(value: Any) -> bool:
     """True for a Tune domain (``tune.uniform(...)`` and friends)."""
     return isinstance(value, Domain)
+
+
+def space_fingerprint(space: Any) -> str:
+    """A canonical text of a Tune space (domains with their bounds and samplers), for equality checks."""
+    return json.dumps(_describe(space), sort_keys=True, default=repr)
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(key): _describe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_describe(item) for item in value]
+    if callable(value) and not hasattr(value, "__dict__"):
+        return getattr(value, "__qualname__", repr(value))
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        fields = {key: _describe(item) for key, item in vars(value).items() if not key.startswith("__")}
+        return {"type": type(value).__name__, **fields} if not callable(value) else getattr(value, "__qualname__", repr(value))
+    return value
