@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from ray_dptune.callbacks import REPORT_FILE
+from ray_dptune.report import REPORT_FILE, read_report
 from ray_dptune.errors import PrivacyError
 from ray_dptune.journal import JOURNAL_FILE
 
@@ -90,7 +89,7 @@ def release_best(
             checkpoint_path=None,
             guarantee={"note": "No trial ran (K = 0): the release is independent of the data."},
         )
-    report = _read_report(filesystem, experiment_path)
+    report = read_report(filesystem, f"{experiment_path}/{REPORT_FILE}").to_dict()  # through local, NFS, S3, GCS
     guarantee = {**report["guarantee"], "covers": report["covers"]}
     details = report.get("details") or {}
     if "release" in details:  # the searcher released its own output (DP-BO's λ̃ and ṽ)
@@ -185,19 +184,6 @@ def _released_trial(
     sign = 1.0 if mode == "max" else -1.0
     score, best = max(candidates, key=lambda pair: sign * pair[0])
     return best, float(score)
-
-
-def _read_report(filesystem: Any, experiment_path: str) -> dict[str, Any]:
-    """The privacy report, read through the experiment's storage (local, NFS, S3, GCS)."""
-    path = f"{experiment_path}/{REPORT_FILE}"
-    try:
-        with filesystem.open_input_stream(path) as stream:
-            return json.loads(stream.read())
-    except FileNotFoundError as error:
-        raise PrivacyError(
-            f"No {REPORT_FILE} in {experiment_path}: the search ran without PrivacyAccountantCallback, "
-            "so it has no privacy guarantee to release with."
-        ) from error
 
 
 def _last_metrics(trial: Any) -> dict[str, Any]:

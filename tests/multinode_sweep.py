@@ -106,7 +106,7 @@ def main(out_dir: str, kill_node: bool, interrupt: bool) -> None:
         with open(out / "storage" / "multinode" / "privacy_report.json") as file:
             report = json.load(file)
     else:
-        report = callback.report()
+        report = callback.report().to_dict()
     print(
         json.dumps(
             {

@@ -137,3 +137,35 @@ def test_the_report_withholds_configurations_an_adaptive_searcher_chose_from_unr
         accountant.on_trial_start(0, [], _trial("t", lr=0.5))
         config = accountant.report().trials["t"]["config"]
         assert config == shown if shown else config.startswith("withheld")
+
+
+def test_the_ledger_records_every_searcher_before_any_trial(tmp_path):
+    from ray import tune
+
+    from ray_dptune import ConstantOverheadSearcher, DPBOSearcher, DPHyPOSearcher, PointMass, RandomCountSearcher
+
+    space = {"lr": tune.uniform(0.1, 1.0)}
+    searchers = {
+        "RandomCountSearcher": RandomCountSearcher(PointMass(3), space=space, seed=0),
+        "DPHyPOSearcher": DPHyPOSearcher(PointMass(3), space=space, upper=2.0, lower=0.5, seed=0),
+        "ConstantOverheadSearcher": ConstantOverheadSearcher(
+            [{"lr": 0.1}, {"lr": 1.0}], partitions=2, epsilon_round=0.1, granularity=0.1, metric="acc", seed=0
+        ),
+        "DPBOSearcher": DPBOSearcher(4, epsilon=0.5, delta=1e-7),
+    }
+    ledger = PrivacyLedger(tmp_path / "ledger.db")
+    expected = []
+    for name, searcher in searchers.items():
+        plan = None if name == "DPBOSearcher" else PLAN
+        accountant = PrivacyAccountantCallback(searcher, delta=1e-5, plan=plan, ledger=ledger, dataset="d", verbose=False)
+        accountant.setup(num_samples=-1)
+        expected.append(accountant.account.guarantee(if_stopped_now=True))
+    recorded = {search["summary"]["searcher"]: search for search in ledger.searches("d")}
+    assert set(recorded) == set(searchers)
+    assert {recorded[name]["summary"]["mechanism"]["kind"] for name in recorded} == {
+        "random_count", "constant_overhead", "release"
+    }
+    curve = expected[0].curve + expected[1].curve + expected[2].curve
+    release = expected[3]
+    total = curve.epsilon(1e-5 - release.release_delta) + release.release_epsilon
+    assert ledger.dataset_epsilon("d", delta=1e-5) == pytest.approx(total, rel=1e-9)

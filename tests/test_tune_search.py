@@ -246,6 +246,17 @@ def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
     assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
 
 
+def test_restore_with_the_same_param_space_works_and_another_is_refused(tmp_path):
+    searcher = RandomCountSearcher(PointMass(2), metric="score", mode="max", seed=3)
+    first, _ = run(tmp_path, searcher, name="respace", plan=PLAN)
+    path = str(tmp_path / "respace")
+    again = tune.Tuner.restore(path, fake_dp_trainable, param_space=SPACE).fit()
+    assert sorted(r.config["x"] for r in again) == sorted(r.config["x"] for r in first)  # nothing re-run
+    other = {**SPACE, "x": tune.uniform(0.0, 2.0)}
+    with pytest.raises(Exception, match="param_space that differs"):
+        tune.Tuner.restore(path, fake_dp_trainable, param_space=other).fit()
+
+
 def test_end_to_end_with_dp_sgd_on_digits(tmp_path):
     """The user's workflow: dp_trainable + searcher + accountant + release, real Opacus training."""
     import torch
