@@ -124,6 +124,8 @@ class PrivacyAccountantCallback(Callback):
 
     # ------------------------------------------------------------------ Tune hooks
     def setup(self, **info: Any) -> None:
+        if self._searcher.restore_refusal is not None:
+            raise self._searcher.restore_refusal
         if not self._restored:  # a restored experiment's spec no longer carries the user's num_samples
             refuse_truncation(info.get("num_samples"), self._searcher.num_trials)
         if self._journal_path is not None and (self._restored or os.path.exists(self._journal_path)):

@@ -61,8 +61,9 @@ def test_an_interrupted_driver_restores_with_the_same_k_and_no_rerun(tmp_path):
     assert run["interrupted_with"] is not None
     assert run["num_trials"] == 4 and run["results"] == 4 and not run["errors"]
     restarted = [statuses for statuses in run["attempts"].values() if statuses != ["completed"]]
-    # finished trials were not re-run: one start each, plus one per interrupted attempt
-    assert run["starts"] == 4 + len(restarted)
+    # finished trials were not re-run: one start each, plus restarts, each charged (an attempt only
+    # suggested when the driver stopped is charged too: its fate is not in the journal)
+    assert 4 <= run["starts"] <= 4 + len(restarted)
     assert all(statuses[-1] == "completed" and set(statuses[:-1]) <= {"failed", "unknown"} for statuses in restarted)
     composed = (4 * PLAN.curve() + len(restarted) * PLAN.curve()).epsilon(1e-5)
     assert run["epsilon"] == pytest.approx(composed, rel=1e-12)

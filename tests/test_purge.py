@@ -29,7 +29,7 @@ from ray_dptune import (
     private_tune_config,
     release_best,
 )
-from ray_dptune.callbacks import REPORT_FILE
+from ray_dptune.report import REPORT_FILE, PrivacyReport
 from ray_dptune.journal import JOURNAL_FILE
 from ray_dptune.search.dphypo import DPHyPOSearcher
 
@@ -218,8 +218,14 @@ class FakeTrial:
 
 def fake_grid(experiment, trials, **report):
     """A ResultGrid stand-in over a hand-made experiment folder (no Ray run)."""
-    report = {"guarantee": {"epsilon": 1.0, "delta": DELTA}, "covers": "c", "metric": "score", "mode": "max", **report}
-    (experiment / REPORT_FILE).write_text(json.dumps(report))
+    report = PrivacyReport(
+        search_id="s", searcher="RandomCountSearcher", mechanism={"kind": "composition", "params": {}},
+        guarantee={"epsilon": 1.0, "delta": DELTA}, threat_model="t", covers="c", details=report.pop("details", {}),
+        plan=None, score_privacy="public", trials={}, num_trials_planned=len(trials), num_trials_started=len(trials),
+        unaccounted_trials=[], metric="score", mode="max", law=None, density_ratio=None, seed=0, dataset=None,
+        ledger=report.pop("ledger", None), journal=None, restores=0,
+    )
+    (experiment / REPORT_FILE).write_text(json.dumps(report.to_dict()))
 
     class Grid(list):
         filesystem = pyarrow.fs.LocalFileSystem()

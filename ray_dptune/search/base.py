@@ -25,7 +25,9 @@ def refuse_truncation(num_samples: Any, planned_trials: int) -> None:
         raise PrivacyError(
             f"num_samples={num_samples} would silently stop the search before its {planned_trials} planned "
             "trials, which changes the algorithm the privacy guarantee is proven for. Use "
-            "tune.TuneConfig(num_samples=-1): the searcher ends the search by itself."
+            "tune.TuneConfig(num_samples=-1): the searcher ends the search by itself. (Right after "
+            "tune.Tuner.restore, this means Tune could not restore the run and restarted it: see its "
+            "'Failed to restore the run state' log line.)"
         )
 
 
@@ -89,11 +91,18 @@ class PrivateSearcher(Searcher):
         """Raises PrivacyError when ``Tuner.restore`` was given another space than the search's own."""
         offered = getattr(self, "_offered_space", None)
         if offered and restored is not None and space_fingerprint(offered) != space_fingerprint(restored):
-            raise PrivacyError(
+            # Tune logs a failed restore and restarts the experiment: the accountant raises this again.
+            self._restore_refusal = PrivacyError(
                 "tune.Tuner.restore was given a param_space that differs from the one this search started "
                 "with; a restored search must draw from the same space (its trials so far were drawn from the "
                 "original). Restore with the original param_space, or start a new search."
             )
+            raise self._restore_refusal
+
+    @property
+    def restore_refusal(self) -> PrivacyError | None:
+        """Why the last restore was refused (Tune swallows the error and restarts the experiment)."""
+        return getattr(self, "_restore_refusal", None)
 
     def attach_recorder(self, recorder: Callable[[Mapping[str, Any]], None] | None) -> None:
         """Sets where this searcher's write-ahead events go (the accountant callback's journal)."""
