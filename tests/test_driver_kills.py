@@ -51,18 +51,44 @@ def drive(tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: lis
         if kill and process.returncode == -9:
             killed += 1
             continue
+        if _ray_could_not_restore(process):
+            return None, _starts(side), killed
         assert process.returncode == 0, process.stderr[-3000:]
         break
     with open(tmp_path / name / "privacy_report.json") as file:
         report = json.load(file)
+    return report, _starts(side), killed
+
+
+def _ray_could_not_restore(process) -> bool:
+    """Ray's own state was cut mid-write by a kill: Tune cannot restore and restarts the run with
+    num_samples=1, which the accountant refuses before any trial (a silent truncation of K)."""
+    return (
+        process.returncode != 0
+        and "Failed to restore the run state" in process.stderr
+        and "num_samples=1 would silently stop the search" in process.stderr
+    )
+
+
+def _starts(side) -> list[str]:
     lines = side.read_text().split()
-    starts = [lines[i + 1] for i in range(0, len(lines), 2) if lines[i] == "start" and lines[i + 1] != "None"]
-    return report, starts, killed
+    return [lines[i + 1] for i in range(0, len(lines), 2) if lines[i] == "start" and lines[i + 1] != "None"]
 
 
 def implied_epsilon(attempts: int, k: int) -> float:
     """The least ε any honest account can give A attempts under a K-run bound: max(A, K) plans composed."""
     return (max(attempts, k) * PLAN.curve()).epsilon(DELTA)
+
+
+def journal_report(folder) -> dict:
+    """What the journal alone says, charging what a dead driver left live (no report was written)."""
+    from ray_dptune.journal import SearchJournal
+
+    account = SearchJournal(folder / "privacy_journal.db").account()
+    account.restored()
+    trials = {trial: {"attempts": account.attempts_of(trial)} for trial in account.trials}
+    guarantee = account.guarantee(if_stopped_now=True).to_dict()
+    return {"guarantee": guarantee, "trials": trials, "journal": str(folder / "privacy_journal.db"), "restores": 0}
 
 
 def audit(report: dict, starts: list[str], k: int) -> None:
@@ -76,8 +102,10 @@ def audit(report: dict, starts: list[str], k: int) -> None:
     # the report is exactly the account of its own journal, and the journal can be replayed
     from ray_dptune.journal import SearchJournal
 
-    replayed = SearchJournal(report["journal"]).account().guarantee(if_stopped_now=True)
-    assert replayed.epsilon == pytest.approx(guarantee["epsilon"], rel=1e-12)
+    replayed = SearchJournal(report["journal"]).account()
+    if report["restores"] == 0 and report.get("searcher") is None:  # from the journal alone
+        replayed.restored()
+    assert replayed.guarantee(if_stopped_now=True).epsilon == pytest.approx(guarantee["epsilon"], rel=1e-12)
 
 
 KILL_PLANS = {
@@ -93,8 +121,12 @@ KILL_PLANS = {
 @pytest.mark.parametrize("kills", list(KILL_PLANS.values()), ids=list(KILL_PLANS))
 def test_a_killed_driver_never_under_counts(tmp_path, kills):
     report, starts, killed = drive(tmp_path, "search", kills)
-    print(f"killed {killed} of {len(kills)}; {len(starts)} attempts ran; restores {report['restores']}")
     assert killed >= 1  # the test killed for real
+    if report is None:  # a kill cut Ray's own state files: Tune could not restore; the journal still can
+        print(f"killed {killed} of {len(kills)}; {len(starts)} attempts ran; Ray could not restore")
+        audit(journal_report(tmp_path / "search"), starts, k=3)
+        return
+    print(f"killed {killed} of {len(kills)}; {len(starts)} attempts ran; restores {report['restores']}")
     audit(report, starts, k=3)
     # a kill before the first attempt started leaves no journal to restore: the next driver starts it
     assert 1 <= report["restores"] <= killed
@@ -107,19 +139,22 @@ def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
     kills = [["--kill", "result:3"], ["--kill", "start:1"], ["--kill-after", "0.3"]]
     report, starts, killed = drive(tmp_path, "ledgered", kills, extra=["--ledger", str(ledger_path)])
     assert killed >= 2
-    audit(report, starts, k=3)
     total = PrivacyLedger(ledger_path).dataset_epsilon("kills", delta=DELTA)
-    assert total >= implied_epsilon(len(starts), 3) * (1 - 1e-12)
-    assert total == pytest.approx(report["guarantee"]["epsilon"], rel=1e-9)
+    assert total >= implied_epsilon(len(starts), 3) * (1 - 1e-12)  # the ledger alone never under-counts
+    if report is not None:  # (None: a kill cut Ray's own state files and Tune could not restore)
+        audit(report, starts, k=3)
+        assert total == pytest.approx(report["guarantee"]["epsilon"], rel=1e-9)
 
 
 def test_with_the_real_dp_trainable(tmp_path):
     """Opacus DP-SGD on digits, killed mid-report: the restored report charges the lost attempt."""
     report, starts, killed = drive(tmp_path, "digits", [["--kill", "result:1"]], k=2, extra=["--digits"])
     assert killed == 1
-    plan = report["plan"]
+    report = report or journal_report(tmp_path / "digits")  # None: Ray could not restore its own state
     from ray_dptune.accounting.spend import curve_from_report
+    from ray_dptune.journal import SearchJournal
 
+    plan = SearchJournal(tmp_path / "digits" / "privacy_journal.db").account().plan
     least = (max(len(starts), 2) * curve_from_report(plan)).epsilon(DELTA)
     assert report["guarantee"]["epsilon"] >= least * (1 - 1e-12)
     assert len(starts) > 2 or report["guarantee"]["charged_attempts"] >= 1
