@@ -21,16 +21,7 @@ import tempfile
 import ray
 from ray import tune
 
-from ray_dptune import (
-    PointMass,
-    Poisson,
-    PrivacyAccountantCallback,
-    RandomCountSearcher,
-    calibrate_noise_multiplier,
-    private_tune_config,
-    release_best,
-    repeat_and_select,
-)
+from ray_dptune import PointMass, Poisson, RandomCountSearcher, private_tuner, release_best, repeat_and_select
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable
 
 SPACE = {"lr": tune.loguniform(0.05, 4.0), "max_grad_norm": tune.loguniform(0.1, 10.0)}
@@ -54,54 +45,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    law = Poisson(args.mean)
+    # 1. The model, the data and DP-SGD's settings; no noise multiplier: it is calibrated for the budget.
+    trainable = dp_trainable(digits_cnn, digits_data, batch_size=args.batch_size, epochs=args.epochs)
+    if args.gpus_per_trial:
+        trainable = tune.with_resources(trainable, {"cpu": 1, "gpu": args.gpus_per_trial})
 
-    # 1. The noise that makes the whole search (ε, δ)-DP: sample rate and steps come
-    #    from the trainable's own plan, the noise from the search-level calibration.
-    shape = dp_trainable(
-        digits_cnn, digits_data, noise_multiplier=1.0, batch_size=args.batch_size, epochs=args.epochs
-    ).privacy_plan(SPACE)
-    sigma = calibrate_noise_multiplier(args.epsilon, args.delta, law, shape.sample_rate, shape.steps)
-    trainable = dp_trainable(
-        digits_cnn, digits_data, noise_multiplier=sigma, batch_size=args.batch_size, epochs=args.epochs
-    )
-    plan = trainable.privacy_plan(SPACE)
-    print(
-        f"DP-SGD: q = {plan.sample_rate:.4f}, {plan.steps} steps, σ = {sigma:.3f} "
-        f"(calibrated for ε = {args.epsilon} over K ~ Poisson({args.mean:g}) trials)"
-    )
-
-    # 2. The private search: random number of trials, one accountant, FIFO only.
+    # 2. The budget of the WHOLE search in, a calibrated tune.Tuner out.
     ray.init(log_to_driver=False)  # keep the trials' own logs in the experiment folder
-    searcher = RandomCountSearcher(law, metric="val_acc", mode="max", seed=args.seed)
-    accountant = PrivacyAccountantCallback(searcher, delta=args.delta, plan=plan, target_epsilon=args.epsilon)
+    searcher = RandomCountSearcher(Poisson(args.mean), metric="val_acc", mode="max", seed=args.seed)
     with tempfile.TemporaryDirectory() as scratch:
-        resources = {"cpu": 1, "gpu": args.gpus_per_trial}
-        tuner = tune.Tuner(
-            tune.with_resources(trainable, resources) if args.gpus_per_trial else trainable,
+        tuner = private_tuner(
+            trainable,
             param_space=SPACE,
-            tune_config=private_tune_config(searcher, max_concurrent_trials=args.concurrency),
-            run_config=tune.RunConfig(
-                name="dp_quickstart", storage_path=args.storage or scratch, callbacks=[accountant], verbose=0
-            ),
+            epsilon=args.epsilon,
+            delta=args.delta,
+            searcher=searcher,  # or law=Poisson(mean=8), metric="val_acc", mode="max"
+            tune_config=tune.TuneConfig(max_concurrent_trials=args.concurrency),
+            run_config=tune.RunConfig(name="dp_quickstart", storage_path=args.storage or scratch, verbose=0),
         )
         results = tuner.fit()
 
         # 3. Release only the best trial, with the guarantee of the whole search.
         released = release_best(results)
-    print_summary(released, plan, law, searcher.num_trials, args)
+    print_summary(released, results, trainable, searcher.num_trials, args)
     return 0
 
 
-def print_summary(released, plan, law, num_trials: int, args: argparse.Namespace) -> None:
+def print_summary(released, results, trainable, num_trials: int, args: argparse.Namespace) -> None:
     """The released trial and its guarantee, beside what non-private tuning would claim."""
-    one_trial = plan.curve().epsilon(args.delta)
-    composed = repeat_and_select(plan.curve(), PointMass(max(num_trials, 1))).epsilon(args.delta)
     print()
     print(f"Trials run: K = {num_trials} (drawn from Poisson({args.mean:g}), never redrawn)")
     if released.score is None:
         print("No trial ran: the release is independent of the data.")
         return
+    sigma = results[0].config["noise_multiplier"]
+    plan = trainable.privacy_plan({**SPACE, "noise_multiplier": sigma})
+    one_trial = plan.curve().epsilon(args.delta)
+    composed = repeat_and_select(plan.curve(), PointMass(num_trials)).epsilon(args.delta)
+    print(f"DP-SGD: q = {plan.sample_rate:.4f}, {plan.steps} steps, σ = {sigma:.3f} (calibrated by private_tuner)")
     print(
         f"Released trial: lr = {released.config['lr']:.4g}, max_grad_norm = {released.config['max_grad_norm']:.4g}, "
         f"val_acc = {released.score:.3f}"

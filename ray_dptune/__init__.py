@@ -31,6 +31,7 @@ _LAZY = {
     "ReleasedTrial": "ray_dptune.release",
     "release_best": "ray_dptune.release",
     "dp_trainable": "ray_dptune.training",
+    "private_tuner": "ray_dptune.tuner",
 }
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "check_scheduler",
     "dp_trainable",
     "private_tune_config",
+    "private_tuner",
     "release_best",
     "repeat_and_select",
 ]

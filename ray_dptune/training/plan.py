@@ -53,20 +53,22 @@ class PrivacyParams:
     """The parameters of one trial that its privacy cost depends on.
 
     Attributes:
-        noise_multiplier: σ of DP-SGD (noise std / clipping norm), > 0.
+        noise_multiplier: σ of DP-SGD (noise std / clipping norm), > 0; None until set
+            (by the config, or calibrated by :func:`ray_dptune.private_tuner`).
         batch_size: expected Poisson batch size, >= 1.
         epochs: passes over the training set, >= 1.
         score_noise_multiplier: σ of the Gaussian noise added to the correct-count of
             each reported score; None when the validation data is public.
     """
 
-    noise_multiplier: float
+    noise_multiplier: float | None
     batch_size: int
     epochs: int
     score_noise_multiplier: float | None = None
 
     def __post_init__(self) -> None:
-        _check_positive_real("noise_multiplier", self.noise_multiplier)
+        if self.noise_multiplier is not None:
+            _check_positive_real("noise_multiplier", self.noise_multiplier)
         for name in ("batch_size", "epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
@@ -77,7 +79,17 @@ class PrivacyParams:
     @classmethod
     def resolve(cls, config: Mapping[str, Any], defaults: PrivacyParams) -> PrivacyParams:
         """The trial's parameters: each config key of :data:`PRIVACY_KEYS` overrides ``defaults``."""
-        return cls(**{key: config.get(key, getattr(defaults, key)) for key in PRIVACY_KEYS})
+        params = cls(**{key: config.get(key, getattr(defaults, key)) for key in PRIVACY_KEYS})
+        params.require_noise()
+        return params
+
+    def require_noise(self) -> None:
+        """Raises ValueError when σ was never set."""
+        if self.noise_multiplier is None:
+            raise ValueError(
+                "noise_multiplier is not set: pass noise_multiplier= to dp_trainable, put it in the param_space, "
+                "or build the search with ray_dptune.private_tuner, which calibrates it for the budget."
+            )
 
 
 PRIVACY_KEYS: tuple[str, ...] = tuple(f.name for f in fields(PrivacyParams))
@@ -103,6 +115,7 @@ def sampling_schedule(dataset_size: int, batch_size: int) -> tuple[float, int]:
 
 def trial_plan(params: PrivacyParams, dataset_size: int) -> TrialSpend:
     """The most one trial will spend: every epoch's steps and one score release per epoch."""
+    params.require_noise()
     sample_rate, steps_per_epoch = sampling_schedule(dataset_size, params.batch_size)
     noisy_scores = params.score_noise_multiplier is not None
     return TrialSpend(

@@ -30,7 +30,7 @@ def dp_trainable(
     data_fn: Callable[[Mapping[str, Any]], tuple[Dataset, Dataset]],
     loss_fn: LossFn = torch.nn.functional.cross_entropy,
     *,
-    noise_multiplier: float,
+    noise_multiplier: float | None = None,
     batch_size: int,
     epochs: int,
     metric: str = "val_acc",
@@ -92,7 +92,8 @@ def dp_trainable(
             ``score_noise_multiplier`` is set. Its size must not depend on the config.
         loss_fn: ``(logits, targets, reduction="mean") -> loss`` returning the batch mean
             (``reduction="none"`` is used by ghost clipping).
-        noise_multiplier: σ of DP-SGD; ``config["noise_multiplier"]`` overrides it.
+        noise_multiplier: σ of DP-SGD; ``config["noise_multiplier"]`` overrides it. Leave it
+            out with :func:`ray_dptune.private_tuner`, which calibrates it for the whole search.
         batch_size: expected Poisson batch size; ``config["batch_size"]`` overrides it.
         epochs: epochs (and reports) per trial; ``config["epochs"]`` overrides it.
         metric: name of the reported validation accuracy.
@@ -169,6 +170,10 @@ class DPTrainable:
         if dataset_size is None:
             dataset_size = len(self._train_set(param_space))
         return space_plan(param_space, self.spec.privacy, dataset_size)
+
+    def dataset_size(self, param_space: Mapping[str, Any]) -> int:
+        """Size of the training set ``data_fn`` gives for the space's fixed entries."""
+        return len(self._train_set(param_space))
 
     def _partition_plan(self, param_space: Mapping[str, Any], dataset_size: int | None) -> TrialSpend:
         if dataset_size is not None:

@@ -1,0 +1,181 @@
+"""private_tuner: from a privacy budget for the whole search to a ready ``tune.Tuner``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ray import tune
+
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.calibrate import calibrate
+from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.callbacks import PrivacyAccountantCallback
+from ray_dptune.distributions import RunCountDistribution
+from ray_dptune.errors import PrivacyError, UnsupportedBoundError
+from ray_dptune.schedulers import private_tune_config
+from ray_dptune.search.base import PrivateSearcher
+from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
+from ray_dptune.search.random_count import RandomCountSearcher
+
+__all__ = ["private_tuner"]
+
+NOISE_KEY = "noise_multiplier"
+_SEARCHER_OWNED = ("search_alg", "num_samples", "metric", "mode")
+
+
+def private_tuner(
+    trainable: Any,
+    *,
+    param_space: Mapping[str, Any],
+    epsilon: float,
+    delta: float,
+    law: RunCountDistribution | None = None,
+    searcher: PrivateSearcher | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    tune_config: tune.TuneConfig | None = None,
+    run_config: tune.RunConfig | None = None,
+    generic: bool = False,
+    ledger: Any = None,
+    dataset: str | None = None,
+    verbose: bool = True,
+) -> tune.Tuner:
+    """A ``tune.Tuner`` whose whole search is (``epsilon``, ``delta``)-DP, calibrated before any trial.
+
+    Finds the smallest DP-SGD noise multiplier σ whose search — the searcher's mechanism
+    over every trial's plan, as the account computes it — meets the budget (the upper end
+    of a bisection, so never above it), puts σ into ``param_space`` as the constant
+    ``"noise_multiplier"`` (so ``tune.Tuner.restore(path, trainable)`` works as in Tune),
+    and installs the accountant callback (with ``target_epsilon=epsilon``) and the FIFO
+    guard.
+
+    Args:
+        trainable: a :func:`~ray_dptune.training.dp_trainable` built without ``noise_multiplier``.
+        param_space: Tune's search space (``tune.loguniform``, ``tune.choice``, ...).
+        epsilon: ε of the whole search.
+        delta: δ of the whole search.
+        law: law of the number of trials K for a :class:`RandomCountSearcher` (e.g. ``Poisson(mean=8)``).
+        searcher: any DP searcher instead of ``law`` (DP-HyPO, constant overhead).
+        metric: the metric to select on (default: the searcher's).
+        mode: "max" or "min" (default: the searcher's).
+        tune_config: other ``tune.TuneConfig`` settings (``max_concurrent_trials``, ...); its
+            ``search_alg`` and ``num_samples`` belong to the private search.
+        run_config: ``tune.RunConfig`` passed through; the accountant is added to its callbacks.
+        generic: also use the numeric P&S Lemma 7 bound (tighter, slower).
+        ledger: a :class:`~ray_dptune.ledger.PrivacyLedger`; ``dataset`` names the data set.
+            The report then also gives every search on it (``epsilon_dataset``).
+        dataset: identifier of the private data set, with ``ledger``.
+        verbose: print ε live.
+
+    Raises:
+        PrivacyError: no noise multiplier meets the budget (e.g. the score releases alone exceed it).
+        UnsupportedBoundError: a searcher whose budget is not set by DP-SGD noise (DP-BO).
+        ValueError: invalid arguments.
+    """
+    _check_budget(epsilon, delta)
+    searcher = _searcher(law, searcher, metric, mode)
+    mechanism = searcher.privacy_mechanism()
+    if mechanism.kind == "release":
+        raise UnsupportedBoundError(
+            f"{type(searcher).__name__} protects its validation set with its own release (its epsilon= and "
+            "delta=), not with DP-SGD noise: build its tune.Tuner with PrivacyAccountantCallback directly."
+        )
+    if not hasattr(trainable, "privacy_plan") or not hasattr(trainable, "dataset_size"):
+        raise TypeError(f"trainable must come from ray_dptune.training.dp_trainable, got {type(trainable).__name__}.")
+    if NOISE_KEY in param_space:
+        raise ValueError(f"param_space must not set {NOISE_KEY!r}: private_tuner calibrates it for the budget.")
+    tuning = _tune_config(searcher, tune_config, metric=metric, mode=mode)  # cheap checks before calibrating
+    plan_for = _plan_factory(trainable, dict(param_space), searcher)
+    sigma = calibrate(plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic)
+    plan = plan_for(sigma)
+    spent = SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic).guarantee().epsilon
+    if spent > epsilon:  # calibrate returns the safe end; this is the account's own word on it
+        raise PrivacyError(f"The calibrated search spends ε = {spent:.6g} > {epsilon}: refusing to run it.")
+    accountant = PrivacyAccountantCallback(
+        searcher,
+        delta=delta,
+        plan=plan,
+        target_epsilon=None if ledger is not None else epsilon,
+        generic=generic,
+        ledger=ledger,
+        dataset=dataset,
+        verbose=verbose,
+    )
+    return tune.Tuner(
+        trainable,
+        param_space={**param_space, NOISE_KEY: sigma},
+        tune_config=tuning,
+        run_config=_run_config(run_config, accountant),
+    )
+
+
+def _check_budget(epsilon: float, delta: float) -> None:
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be a finite number > 0 (the whole search's budget), got {epsilon!r}.")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}.")
+
+
+def _searcher(
+    law: RunCountDistribution | None, searcher: PrivateSearcher | None, metric: str | None, mode: str | None
+) -> PrivateSearcher:
+    if (law is None) == (searcher is None):
+        raise ValueError("Give exactly one of law= (a random-count search) and searcher= (any DP searcher).")
+    if searcher is None:
+        return RandomCountSearcher(law, metric=metric, mode=mode)
+    if not isinstance(searcher, PrivateSearcher):
+        raise TypeError(f"searcher must be a ray_dptune DP searcher, got {type(searcher).__name__}.")
+    for name, value in (("metric", metric), ("mode", mode)):
+        if value is not None and getattr(searcher, name) not in (None, value):
+            raise ValueError(f"{name}={value!r} differs from the searcher's {getattr(searcher, name)!r}: set it once.")
+    return searcher
+
+
+def _plan_factory(trainable: Any, param_space: dict[str, Any], searcher: PrivateSearcher):
+    """σ → the plan covering every trial the searcher may run (the final trial's, for constant overhead)."""
+    spaces = [param_space]
+    if isinstance(searcher, ConstantOverheadSearcher):
+        spaces = [{**param_space, **candidate} for candidate in searcher.candidates]
+    size = trainable.dataset_size(param_space)
+
+    def plan_for(sigma: float) -> TrialSpend:
+        plans = [trainable.privacy_plan({**space, NOISE_KEY: sigma}, dataset_size=size) for space in spaces]
+        covering = [plan for plan in plans if all(plan.covers(other) for other in plans)]
+        if not covering:
+            raise ValueError(
+                "The candidates' privacy parameters differ so that no one plan covers them all; give them the "
+                "same batch_size and epochs."
+            )
+        return covering[0]
+
+    return plan_for
+
+
+def _tune_config(
+    searcher: PrivateSearcher, given: tune.TuneConfig | None, *, metric: str | None, mode: str | None
+) -> tune.TuneConfig:
+    """The user's TuneConfig, with the private search's searcher, guard and ``num_samples=-1``."""
+    selection = {key: value for key, value in (("metric", metric), ("mode", mode)) if value is not None}
+    if given is None:
+        return private_tune_config(searcher, **selection)
+    if given.search_alg is not None:
+        raise ValueError("Pass the DP searcher as private_tuner(searcher=...), not in tune_config.search_alg.")
+    if given.num_samples not in (1, -1):  # 1 is TuneConfig's default
+        raise PrivacyError(
+            f"tune_config.num_samples={given.num_samples} would cap the number of trials; a DP searcher draws it "
+            "at random and ends the search itself."
+        )
+    rest = {
+        field.name: getattr(given, field.name)
+        for field in dataclasses.fields(given)
+        if field.name not in _SEARCHER_OWNED and field.init
+    }
+    return private_tune_config(searcher, **rest, **selection)
+
+
+def _run_config(given: tune.RunConfig | None, accountant: PrivacyAccountantCallback) -> tune.RunConfig:
+    given = given or tune.RunConfig()
+    return dataclasses.replace(given, callbacks=[*(given.callbacks or []), accountant])
