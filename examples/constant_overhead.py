@@ -25,13 +25,12 @@ the clipping norm: pass ``--private-partitions`` to rank clipping norms too.
 from __future__ import annotations
 
 import argparse
-import math
 import tempfile
 
 import ray
 from ray import tune
 
-from ray_dptune import PrivacyAccountantCallback, TrialSpend, private_tune_config, release_best
+from ray_dptune import private_tuner, release_best
 from ray_dptune.accounting.svt import svt_curve
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable
@@ -55,28 +54,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def calibrate_sigma(target: float, delta: float, rounds, sample_rate: float, steps: int) -> float:
-    """Smallest σ (to 1%, rounded up) with (T_max SVT rounds + DP-SGD).epsilon(δ) ≤ target."""
-    if rounds.epsilon(delta) >= target:
-        raise SystemExit(
-            f"The SVT rounds alone cost ε = {rounds.epsilon(delta):.3f} > --epsilon {target}: lower "
-            "--epsilon-round or raise --epsilon."
-        )
-
-    def total(sigma: float) -> float:
-        return (rounds + TrialSpend(sample_rate, sigma, steps).curve()).epsilon(delta)
-
-    low, high = 1.0, 2.0
-    while total(high) > target:  # bracket a σ that meets the target
-        low, high = high, 2 * high
-    while total(low) <= target and low > 0.05:
-        low, high = low / 2, low
-    while high / low > 1.01:  # bisect in log σ; keep the safe (larger) end
-        middle = math.sqrt(low * high)
-        low, high = (low, middle) if total(middle) <= target else (middle, high)
-    return high
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     searcher = ConstantOverheadSearcher(
@@ -89,37 +66,30 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     rounds = svt_curve(args.epsilon_round, searcher.max_rounds)
-
-    # 1. The final trial's DP-SGD noise: whatever the SVT rounds leave of the budget.
-    shape = dp_trainable(
-        digits_cnn, digits_data, noise_multiplier=1.0, batch_size=args.batch_size, epochs=args.epochs
-    ).privacy_plan(CANDIDATES)
-    sigma = calibrate_sigma(args.epsilon, args.delta, rounds, shape.sample_rate, shape.steps)
-    trainable = dp_trainable(
-        digits_cnn, digits_data, noise_multiplier=sigma, batch_size=args.batch_size, epochs=args.epochs
-    )
-    plan = trainable.privacy_plan(CANDIDATES)
     k_eps = args.partitions * args.epsilon_round
     print(
         f"{len(searcher.candidates)} candidates × {args.partitions} parts = {searcher.num_trials - 1} partition "
         f"trials ({'DP-SGD' if args.private_partitions else 'non-private'}), then 1 DP-SGD trial.\n"
         f"SVT: at most T_max = {searcher.max_rounds} rounds of ε = {args.epsilon_round} (k·ε = {k_eps:g}; "
         f"threshold noise Lap({searcher.params.threshold_scale:.3g}), query noise "
-        f"Lap({searcher.params.query_scale:.3g}) on accuracies in [0, 1]).\n"
-        f"Final DP-SGD: q = {plan.sample_rate:.4f}, {plan.steps} steps, σ = {sigma:.3f}."
+        f"Lap({searcher.params.query_scale:.3g}) on accuracies in [0, 1])."
     )
-
+    # 1. The final trial's DP-SGD noise is whatever the SVT rounds leave of the budget: private_tuner
+    #    calibrates it on the searcher's own mechanism.
+    trainable = dp_trainable(digits_cnn, digits_data, batch_size=args.batch_size, epochs=args.epochs)
     # 2. The search: partition trials, the rounds in the driver, the final trial.
     ray.init(log_to_driver=False)
-    accountant = PrivacyAccountantCallback(searcher, delta=args.delta, plan=plan, target_epsilon=args.epsilon)
     with tempfile.TemporaryDirectory() as scratch:
-        tuner = tune.Tuner(
+        tuner = private_tuner(
             trainable,
-            tune_config=private_tune_config(searcher, max_concurrent_trials=args.concurrency, reuse_actors=True),
+            param_space={},  # the candidates belong to the searcher
+            epsilon=args.epsilon,
+            delta=args.delta,
+            searcher=searcher,
+            tune_config=tune.TuneConfig(max_concurrent_trials=args.concurrency, reuse_actors=True),
             run_config=tune.RunConfig(
                 name="dp_constant_overhead",
                 storage_path=args.storage or scratch,
-                callbacks=[accountant],
                 failure_config=tune.FailureConfig(max_failures=2),  # Tune retries; the accountant composes
                 verbose=0,
             ),
@@ -129,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. What was released and what it cost.
     details = searcher.privacy_details()
+    sigma = released.config["noise_multiplier"]
+    plan = trainable.privacy_plan({**released.config, "noise_multiplier": sigma})
+    print(f"Final DP-SGD: q = {plan.sample_rate:.4f}, {plan.steps} steps, σ = {sigma:.3f} (calibrated).")
     print()
     print(
         f"SVT rounds used: {details['rounds_used']} of {details['max_rounds']}"
