@@ -15,14 +15,13 @@ from ray_dptune.accounting.spend import TrialSpend, parse_report, report_covers
 from ray_dptune.errors import PrivacyError
 from ray_dptune.journal import JOURNAL_FILE, SearchJournal
 from ray_dptune.ledger import PrivacyLedger
-from ray_dptune.report import REPORT_FILE, PrivacyReport, write_report
-from ray_dptune.search.base import PrivateSearcher, RunCountSearcher, refuse_truncation
+from ray_dptune.report import REPORT_FILE, PrivacyReport, searcher_report, write_report
+from ray_dptune.search.base import PrivateSearcher, refuse_truncation
 
 __all__ = ["PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
 
 PLAN_KEY = "dp_plan"
 SPENT_KEY = "dp_spent"
-_WITHHELD = "withheld: chosen from results the guarantee does not release"
 
 
 class PrivacyAccountantCallback(Callback):
@@ -221,40 +220,15 @@ class PrivacyAccountantCallback(Callback):
     # ------------------------------------------------------------------ report
     def report(self) -> PrivacyReport:
         """The privacy report: mechanism, plan, every attempt, the final (ε, δ), coverage."""
-        account, searcher = self._account, self._searcher
-        public = searcher.configs_public
-        trials = {
-            trial_id: {
-                "config": self._configs.get(trial_id, "unknown (started by an earlier driver)") if public else _WITHHELD,
-                "accounted": record.accounted,
-                "attempts": [dict(attempt) for attempt in record.attempts],
-            }
-            for trial_id, record in account.trials.items()
-        }
-        run_count = isinstance(searcher, RunCountSearcher)
-        return PrivacyReport(
+        return searcher_report(
+            self._searcher,
+            self._account,
             search_id=self._search_id,
-            searcher=type(searcher).__name__,
-            mechanism=account.mechanism.to_dict(),
             guarantee=self.guarantee(if_stopped_now=True),
-            threat_model=searcher.threat_model,
-            covers=searcher.coverage,
-            details=searcher.privacy_details(),
-            plan=account.plan,
-            score_privacy=_score_privacy(account.plan),
-            trials=trials,
-            num_trials_planned=searcher.num_trials,
-            num_trials_started=account.num_trials_started,
-            unaccounted_trials=sorted(t for t, record in account.trials.items() if not record.accounted),
-            metric=getattr(searcher, "metric", None),
-            mode=getattr(searcher, "mode", None),
-            law=searcher.distribution.to_dict() if run_count else None,
-            density_ratio=float(searcher.density_ratio) if run_count else None,
-            seed=searcher.seed if searcher.seed is not None else "secure (operating system)",
+            configs=self._configs,
             dataset=self._dataset,
             ledger=None if self._ledger is None else {"path": self._ledger.path, "search": self._search_id},
             journal=None if self._journal is None else self._journal.path,
-            restores=account.restores,
         )
 
     # ------------------------------------------------------------------ the journal
@@ -412,14 +386,6 @@ def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict | None:
     if isinstance(plan, (TrialSpend, RDPCurve)):
         return plan.to_dict()
     raise TypeError(f"plan must be a TrialSpend, an RDPCurve or None, got {type(plan).__name__}.")
-
-
-def _score_privacy(plan: dict | None) -> str:
-    if plan is None or plan.get("kind") != "dpsgd":
-        return "unknown: the trainable reported a bare RDP curve"
-    if plan.get("score_releases"):
-        return "private: each reported score carries Gaussian noise, composed into the plan"
-    return "public validation data: scores are not protected (training-set privacy)"
 
 
 def _jsonable(config: dict[str, Any]) -> dict[str, Any]:

@@ -10,10 +10,11 @@ from typing import Any
 
 from ray_dptune.errors import PrivacyError
 
-__all__ = ["REPORT_FILE", "REPORT_VERSION", "PrivacyReport", "read_report", "write_report"]
+__all__ = ["REPORT_FILE", "REPORT_VERSION", "PrivacyReport", "read_report", "searcher_report", "write_report"]
 
 REPORT_FILE = "privacy_report.json"
 REPORT_VERSION = 2
+_WITHHELD = "withheld: chosen from results the guarantee does not release"
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,63 @@ class PrivacyReport:
             )
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in record.items() if key in names})
+
+
+def searcher_report(
+    searcher: Any,
+    account: Any,
+    *,
+    search_id: str,
+    guarantee: dict[str, Any],
+    configs: dict[str, Any],
+    dataset: str | None,
+    ledger: dict[str, Any] | None,
+    journal: str | None,
+) -> PrivacyReport:
+    """The report of ``searcher``'s search from its account (configurations withheld for adaptive searchers)."""
+    public = searcher.configs_public
+    trials = {
+        trial_id: {
+            "config": configs.get(trial_id, "unknown (started by an earlier driver)") if public else _WITHHELD,
+            "accounted": record.accounted,
+            "attempts": [dict(attempt) for attempt in record.attempts],
+        }
+        for trial_id, record in account.trials.items()
+    }
+    run_count = hasattr(searcher, "distribution")
+    return PrivacyReport(
+        search_id=search_id,
+        searcher=type(searcher).__name__,
+        mechanism=account.mechanism.to_dict(),
+        guarantee=guarantee,
+        threat_model=searcher.threat_model,
+        covers=searcher.coverage,
+        details=searcher.privacy_details(),
+        plan=account.plan,
+        score_privacy=score_privacy(account.plan),
+        trials=trials,
+        num_trials_planned=searcher.num_trials,
+        num_trials_started=account.num_trials_started,
+        unaccounted_trials=sorted(t for t, record in account.trials.items() if not record.accounted),
+        metric=getattr(searcher, "metric", None),
+        mode=getattr(searcher, "mode", None),
+        law=searcher.distribution.to_dict() if run_count else None,
+        density_ratio=float(searcher.density_ratio) if run_count else None,
+        seed=searcher.seed if searcher.seed is not None else "secure (operating system)",
+        dataset=dataset,
+        ledger=ledger,
+        journal=journal,
+        restores=account.restores,
+    )
+
+
+def score_privacy(plan: dict | None) -> str:
+    """What the reported scores' privacy is, read from the plan."""
+    if plan is None or plan.get("kind") != "dpsgd":
+        return "unknown: the trainable reported a bare RDP curve"
+    if plan.get("score_releases"):
+        return "private: each reported score carries Gaussian noise, composed into the plan"
+    return "public validation data: scores are not protected (training-set privacy)"
 
 
 def write_report(filesystem: Any, path: str, report: PrivacyReport) -> None:

@@ -1,8 +1,26 @@
-"""Ray Tune searchers whose whole search is differentially private."""
+"""Ray Tune searchers whose whole search is differentially private.
 
-from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
-from ray_dptune.search.dpbo import DPBOSearcher
-from ray_dptune.search.dphypo import BoundedDensitySampler, DPHyPOSearcher
-from ray_dptune.search.random_count import RandomCountSearcher
+The searchers load lazily, so the Ray-free parts of this package (the projection onto
+bounded densities) can be imported without Ray.
+"""
 
-__all__ = ["BoundedDensitySampler", "ConstantOverheadSearcher", "DPBOSearcher", "DPHyPOSearcher", "RandomCountSearcher"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "BoundedDensitySampler": "ray_dptune.search.dphypo",
+    "ConstantOverheadSearcher": "ray_dptune.search.constant_overhead",
+    "DPBOSearcher": "ray_dptune.search.dpbo",
+    "DPHyPOSearcher": "ray_dptune.search.dphypo",
+    "RandomCountSearcher": "ray_dptune.search.random_count",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ray_dptune.search' has no attribute {name!r}")
