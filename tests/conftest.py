@@ -20,8 +20,25 @@ def ray_session():
     ray.shutdown()
 
 
+FAST_MODULES = {
+    "test_rdp.py",
+    "test_selection.py",
+    "test_distributions.py",
+    "test_projection.py",
+    "test_ledger.py",
+    "test_callback_unit.py",
+    "test_callback_protocol.py",
+    "test_imports.py",
+    "test_fuzz.py",
+}
+"""Pure-math and bookkeeping modules: ``pytest -m fast`` runs their tests not marked slow, in seconds."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Math first, then the multi-node tests (own clusters), then the shared Ray session's tests."""
+    """Marks the fast tests; orders math first, then the multi-node tests (own clusters), then the shared Ray session's."""
+    for item in items:
+        if item.path.name in FAST_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
 
     def rank(item):
         if "ray_session" in getattr(item, "fixturenames", ()):
