@@ -1,7 +1,7 @@
 """A private search driver that SIGKILLs itself at a chosen instant (run by tests/test_driver_kills.py).
 
     python tests/kill_driver.py STORAGE NAME SIDE_FILE --k K [--restore] [--kill EVENT:N] [--kill-after SECONDS]
-                                [--ledger PATH] [--digits]
+                                [--ledger PATH] [--digits] [--dphypo]
 
 It connects to the Ray cluster at $RAY_ADDRESS (the tests' shared session). The trainable
 appends ``start <trial id>`` to SIDE_FILE (fsync'd) when it begins and ``done <trial id>``
@@ -27,7 +27,14 @@ import time
 import ray
 from ray import tune
 
-from ray_dptune import PointMass, PrivacyAccountantCallback, RandomCountSearcher, TrialSpend, private_tune_config
+from ray_dptune import (
+    DPHyPOSearcher,
+    PointMass,
+    PrivacyAccountantCallback,
+    RandomCountSearcher,
+    TrialSpend,
+    private_tune_config,
+)
 
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 SPACE = {"x": tune.uniform(0.0, 1.0)}
@@ -81,6 +88,14 @@ class KillingSearcher(RandomCountSearcher):
         return config
 
 
+class KillingDPHyPOSearcher(DPHyPOSearcher):
+    def suggest(self, trial_id):
+        config = super().suggest(trial_id)
+        if isinstance(config, dict):
+            tick("suggest")
+        return config
+
+
 class KillingCallback(tune.Callback):
     def on_trial_start(self, iteration, trials, trial, **info):
         tick("start")
@@ -117,6 +132,7 @@ def main() -> None:
     parser.add_argument("--kill-after", type=float)
     parser.add_argument("--ledger")
     parser.add_argument("--digits", action="store_true")
+    parser.add_argument("--dphypo", action="store_true", help="DP-HyPO (adaptive) instead of uniform random count")
     args = parser.parse_args()
 
     ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, configure_logging=False)
@@ -130,7 +146,11 @@ def main() -> None:
     if args.restore:
         tuner = tune.Tuner.restore(experiment, trainable, resume_errored=True, resume_unfinished=True)
     else:
-        searcher = KillingSearcher(PointMass(args.k), metric="score" if not args.digits else "val_acc", mode="max", seed=7)
+        metric = "score" if not args.digits else "val_acc"
+        if args.dphypo:
+            searcher = KillingDPHyPOSearcher(PointMass(args.k), upper=2.0, lower=0.5, metric=metric, mode="max", seed=7)
+        else:
+            searcher = KillingSearcher(PointMass(args.k), metric=metric, mode="max", seed=7)
         ledger_args = {}
         if args.ledger:
             from ray_dptune.ledger import PrivacyLedger

@@ -146,6 +146,17 @@ def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
         assert total == pytest.approx(report["guarantee"]["epsilon"], rel=1e-9)
 
 
+def test_an_adaptive_dp_hypo_search_killed_mid_report_never_under_counts(tmp_path):
+    kills = [["--kill", "result:2"], ["--kill", "start:1"]]
+    report, starts, killed = drive(tmp_path, "adaptive", kills, extra=["--dphypo"])
+    assert killed >= 1
+    if report is None:
+        audit(journal_report(tmp_path / "adaptive"), starts, k=3)
+        return
+    assert report["searcher"] == "KillingDPHyPOSearcher" and report["density_ratio"] == 4.0
+    audit(report, starts, k=3)
+
+
 def test_with_the_real_dp_trainable(tmp_path):
     """Opacus DP-SGD on digits, killed mid-report: the restored report charges the lost attempt."""
     report, starts, killed = drive(tmp_path, "digits", [["--kill", "result:1"]], k=2, extra=["--digits"])
