@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_plan_parser(subparsers)
     _add_ledger_parser(subparsers)
+    _add_journal_parser(subparsers)
     return parser
 
 
@@ -698,6 +699,44 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.plot is not None:
         lines.append(f"Plot written to {args.plot}")
     print("\n".join(lines))
+    return 0
+
+
+def _add_journal_parser(subparsers: Any) -> argparse.ArgumentParser:
+    journal = subparsers.add_parser(
+        "journal",
+        help="what a search's write-ahead journal proves it spent (also for a killed, unfinished search).",
+        description="Rebuild a search's privacy account from its journal (privacy_journal.db), charging every "
+        "attempt a driver left running or only suggested, and print its (ε, δ). Reads, never writes.",
+    )
+    journal.add_argument("path", type=Path, help="the experiment folder or its privacy_journal.db.")
+    journal.add_argument("--json", action="store_true", help="print JSON.")
+    journal.set_defaults(handler=_run_journal, subparser=journal)
+    return journal
+
+
+def _run_journal(args: argparse.Namespace) -> int:
+    """``ray-dptune journal PATH``: the account a new driver would rebuild."""
+    from ray_dptune.errors import PrivacyError
+    from ray_dptune.journal import journal_summary
+
+    parser: argparse.ArgumentParser = args.subparser
+    try:
+        summary = journal_summary(args.path)
+    except PrivacyError as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    guarantee = summary["guarantee"]
+    epsilon = "n/a (no plan recorded)" if guarantee["epsilon"] is None else f"{guarantee['epsilon']:.6g}"
+    attempts = ", ".join(f"{count} {state}" for state, count in sorted(summary["attempts"].items())) or "none"
+    print(
+        f"search {summary['search_id']} ({summary['searcher']}, {summary['mechanism']['kind']}): "
+        f"{summary['trials']} trial(s); attempts: {attempts}; restores: {summary['restores']}\n"
+        f"(ε = {epsilon}, δ = {guarantee['delta']:g}) with {guarantee['charged_attempts']} attempt(s) charged "
+        "beyond the selection bound (every attempt left live counts as run)"
+    )
     return 0
 
 

@@ -25,7 +25,7 @@ from ray_dptune.accounting.account import Mechanism, SearchAccount
 from ray_dptune.errors import PrivacyError
 from ray_dptune.store import SQLiteStore
 
-__all__ = ["JOURNAL_FILE", "SearchJournal"]
+__all__ = ["JOURNAL_FILE", "SearchJournal", "journal_summary"]
 
 JOURNAL_FILE = "privacy_journal.db"
 _VERSION = 1
@@ -119,3 +119,42 @@ class SearchJournal:
         db.executemany(
             "INSERT INTO events (at, event) VALUES (?, ?)", [(now, json.dumps(dict(e), sort_keys=True)) for e in events]
         )
+
+
+def journal_summary(path: str | os.PathLike) -> dict[str, Any]:
+    """What a journal proves a search spent, as a new driver would see it: every live attempt charged.
+
+    Args:
+        path: the journal file, or the experiment folder that holds it.
+
+    Raises:
+        PrivacyError: no journal there, or one this version cannot read.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, JOURNAL_FILE)
+    if not os.path.exists(path):
+        raise PrivacyError(f"No privacy journal at {path}.")
+    journal = SearchJournal(path)
+    try:
+        search = journal.search()
+        account = journal.account()
+    finally:
+        journal.close()
+    account.restored()  # read-only: the journal itself is not written
+    states: dict[str, int] = {}
+    for trial in account.trials.values():
+        for attempt in trial.attempts:
+            states[attempt["state"]] = states.get(attempt["state"], 0) + 1
+    guarantee = account.guarantee(if_stopped_now=True)
+    return {
+        "journal": path,
+        "search_id": search["search_id"],
+        "searcher": search["record"].get("searcher"),
+        "mechanism": account.mechanism.to_dict(),
+        "plan": account.plan,
+        "trials": account.num_trials_started,
+        "attempts": states,
+        "restores": account.restores - 1,
+        "guarantee": guarantee.to_dict(with_curve=False),
+    }

@@ -29,6 +29,7 @@ FAST_MODULES = {
     "test_callback_unit.py",
     "test_callback_protocol.py",
     "test_imports.py",
+    "test_journal.py",
     "test_fuzz.py",
 }
 """Pure-math and bookkeeping modules: ``pytest -m fast`` runs their tests not marked slow, in seconds."""
