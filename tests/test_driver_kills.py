@@ -61,13 +61,12 @@ def drive(tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: lis
 
 
 def _ray_could_not_restore(process) -> bool:
-    """Ray's own state was cut mid-write by a kill: Tune cannot restore and restarts the run with
+    """Ray's own state was cut mid-write by a kill, so Tune cannot go on: either ``tuner.pkl`` is
+    truncated (``Tuner.restore`` fails) or the searcher state is, and Tune restarts the run with
     num_samples=1, which the accountant refuses before any trial (a silent truncation of K)."""
-    return (
-        process.returncode != 0
-        and "Failed to restore the run state" in process.stderr
-        and "num_samples=1 would silently stop the search" in process.stderr
-    )
+    restarted = "Failed to restore the run state" in process.stderr and "num_samples=1 would silently stop" in process.stderr
+    truncated_tuner = "_restore_from_path_or_uri" in process.stderr and "EOFError" in process.stderr
+    return process.returncode != 0 and (restarted or truncated_tuner)
 
 
 def _starts(side) -> list[str]:
