@@ -16,12 +16,18 @@ from __future__ import annotations
 import abc
 import math
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from scipy import integrate, special
 
+from ray_dptune import validate
+
 __all__ = [
+    "MAX_ETA",
+    "MAX_MEAN",
+    "MIN_GAMMA",
     "Geometric",
     "Logarithmic",
     "PointMass",
@@ -33,6 +39,16 @@ __all__ = [
 ]
 
 RngLike = np.random.Generator | int | None
+
+MAX_MEAN = 1e6
+"""Largest E[K] of a law: the inverse-CDF sampler then needs ~0.2 s a draw (10x more per decade)."""
+MIN_GAMMA = 1e-12
+"""Smallest γ: 1 - γ still carries γ to 4 digits, so f and f' stay accurate up to x = 1."""
+MAX_ETA = 1e6
+"""Largest η: log Γ(k + η) - log Γ(η) in the pmf keeps an absolute accuracy of ~1e-9."""
+MIN_ABS_ETA = 1e-200
+"""Smallest non-zero |η|: below it γ^(-η) - 1 underflows (η = 0 is the logarithmic law)."""
+_EXP_LIMIT = 700.0  # e^700 ~ 1e304: above it, γ^(-η) is handled in log space
 
 
 def secure_rng(seed: RngLike = None) -> np.random.Generator:
@@ -46,16 +62,33 @@ def secure_rng(seed: RngLike = None) -> np.random.Generator:
         return seed
     if seed is None:
         seed = secrets.randbits(128)
-    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an int, a numpy Generator or None, got {seed!r}.")
+    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, a numpy Generator or None, got {seed!r}.")
     return np.random.default_rng(int(seed))
 
 
-def _check_finite(name: str, value: float) -> float:
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value}.")
-    return value
+def _check_eta(eta: float) -> float:
+    eta = validate.in_range("eta", eta, -1.0, MAX_ETA, open_left=True, note=" (P&S Definition 1)")
+    if eta != 0.0 and abs(eta) < MIN_ABS_ETA:
+        raise ValueError(f"eta must be 0 or at least {MIN_ABS_ETA:g} in absolute value, got {eta}.")
+    return eta
+
+
+def _check_mean(law: RunCountDistribution, *names: str) -> None:
+    if not law.mean <= MAX_MEAN:
+        raise ValueError(
+            f"{law!r} has mean E[K] = {law.mean:g}, above {MAX_MEAN:g} (MAX_MEAN): it cannot be sampled in "
+            f"reasonable time; choose {' or '.join(names)} for a mean in [1, {MAX_MEAN:g}]."
+        )
+
+
+def _on_support(k: Any, formula: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``formula`` at the whole numbers k >= 0 of ``k``, 0 elsewhere (±inf included); NaN raises ValueError."""
+    k = validate.not_nan("k", k)
+    support = np.isfinite(k) & (k >= 0) & (k == np.floor(k))
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = formula(np.where(support, k, 1.0))
+    return np.where(support & ~np.isnan(out), out, 0.0)  # NaN only where P underflows (k ~ 1e308)
 
 
 class RunCountDistribution(abc.ABC):
@@ -68,15 +101,15 @@ class RunCountDistribution(abc.ABC):
 
     @abc.abstractmethod
     def pmf(self, k: Any) -> np.ndarray:
-        """P[K = k], vectorised over integer k (0 outside the support)."""
+        """P[K = k], vectorised over k (0 off the support, ±inf included); NaN raises ValueError."""
 
     @abc.abstractmethod
     def pgf(self, x: Any) -> np.ndarray:
-        """f(x) = E[x^K] for x in [0, 1]."""
+        """f(x) = E[x^K] for x in [0, 1]; x outside [0, 1] raises ValueError."""
 
     @abc.abstractmethod
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
-        """log f'(x) for x in [0, 1] (-inf where f'(x) = 0)."""
+        """log f'(x) for x in [0, 1] (-inf where f'(x) = 0); x outside [0, 1] raises ValueError."""
 
     @abc.abstractmethod
     def sample(self, rng: RngLike = None) -> int:
@@ -110,9 +143,7 @@ class RunCountDistribution(abc.ABC):
         Args:
             p: the chance that one run succeeds (e.g. lands in the top 1% of the space).
         """
-        p = _check_finite("p", p)
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p is a probability and must lie in [0, 1], got {p}.")
+        p = validate.probability("p", p)
         return float(1.0 - self.pgf(1.0 - p))
 
     def __eq__(self, other: object) -> bool:
@@ -130,25 +161,20 @@ class Poisson(RunCountDistribution):
     """K ~ Poisson(mean); K = 0 is possible and then nothing is run (P&S Thm 6)."""
 
     def __init__(self, mean: float):
-        mean = _check_finite("Poisson mean", mean)
-        if mean <= 0:
-            raise ValueError(f"Poisson mean must be > 0, got {mean}.")
-        self._mean = mean
+        self._mean = validate.finite_positive("mean", mean, maximum=MAX_MEAN)
 
     @property
     def mean(self) -> float:
         return self._mean
 
     def pmf(self, k: Any) -> np.ndarray:
-        k = np.asarray(k)
-        out = np.exp(special.xlogy(k, self._mean) - self._mean - special.gammaln(k + 1.0))
-        return np.where((k >= 0) & (k == np.floor(k)), out, 0.0)
+        return _on_support(k, lambda ks: np.exp(special.xlogy(ks, self._mean) - self._mean - special.gammaln(ks + 1.0)))
 
     def pgf(self, x: Any) -> np.ndarray:
-        return np.exp(self._mean * (np.asarray(x, dtype=float) - 1.0))
+        return np.exp(self._mean * (validate.unit_interval("x", x) - 1.0))
 
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
-        return math.log(self._mean) + self._mean * (np.asarray(x, dtype=float) - 1.0)
+        return math.log(self._mean) + self._mean * (validate.unit_interval("x", x) - 1.0)
 
     def expected_quantile(self) -> float:
         return 1.0 - float(-np.expm1(-self._mean) / self._mean)
@@ -164,20 +190,18 @@ class TruncatedNegativeBinomial(RunCountDistribution):
     """P&S Definition 1: P[K=k] ∝ (1-γ)^k Π_{l<k} (l+η)/(l+1) on k = 1, 2, ...
 
     Defined for every η ∈ (-1, ∞) and γ ∈ (0, 1); η = 0 is the logarithmic law and
-    η = 1 the geometric law. P[K = 0] = 0.
+    η = 1 the geometric law. P[K = 0] = 0. Laws that floating point cannot evaluate or
+    sample are refused: η ≤ MAX_ETA, |η| ≥ MIN_ABS_ETA unless η = 0, γ ≥ MIN_GAMMA, E[K] ≤ MAX_MEAN.
     """
 
     _CHUNK = 256  # pmf values computed at once by the inverse-CDF sampler
 
     def __init__(self, eta: float, gamma: float):
-        eta = _check_finite("eta", eta)
-        gamma = _check_finite("gamma", gamma)
-        if eta <= -1.0:
-            raise ValueError(f"eta must be > -1 (P&S Definition 1), got {eta}.")
-        if not 0.0 < gamma < 1.0:
-            raise ValueError(f"gamma must lie strictly between 0 and 1, got {gamma}.")
+        eta = _check_eta(eta)
+        gamma = validate.in_range("gamma", gamma, MIN_GAMMA, 1.0, open_right=True)
         self._eta = eta
         self._gamma = gamma
+        _check_mean(self, "eta", "gamma")
 
     @property
     def eta(self) -> float:
@@ -207,21 +231,24 @@ class TruncatedNegativeBinomial(RunCountDistribution):
         returned law never runs more trials on average than asked for, and every
         bound uses the exact mean of the returned law.
         """
-        eta = _check_finite("eta", eta)
-        mean = _check_finite("mean", mean)
-        if eta <= -1.0:
-            raise ValueError(f"eta must be > -1 (P&S Definition 1), got {eta}.")
-        if mean <= 1.0:
+        eta = _check_eta(eta)
+        mean = validate.number("mean", mean)
+        if not 1.0 < mean <= MAX_MEAN:
             raise ValueError(
-                f"A truncated negative binomial has mean > 1 (K >= 1 always), got {mean}; "
-                "use PointMass(1) for a single run."
+                f"A truncated negative binomial has mean > 1 (K >= 1 always): mean must be > 1 and <= "
+                f"{MAX_MEAN:g}, got {mean}; use PointMass(1) for a single run."
+            )
+        if cls._mean_of(eta, MIN_GAMMA) <= mean:
+            raise ValueError(
+                f"No truncated negative binomial with eta = {eta} and gamma >= {MIN_GAMMA:g} has mean {mean}: "
+                "near eta = -1 the mean grows only like gamma^-(1+eta); raise eta or lower mean."
             )
         lo, hi = 0.0, 1.0  # mean(lo) > target >= mean(hi) is kept invariant
         for _ in range(2000):
             mid = 0.5 * (lo + hi)
             if mid <= lo or mid >= hi:
                 break
-            if cls._mean_of(eta, mid) > mean:
+            if mid < MIN_GAMMA or cls._mean_of(eta, mid) > mean:  # mean(mid) > mean(MIN_GAMMA) > target there
                 lo = mid
             else:
                 hi = mid
@@ -234,11 +261,16 @@ class TruncatedNegativeBinomial(RunCountDistribution):
         log_gamma = math.log(self._gamma)
         if self._eta == 0.0:
             return math.log(-log_gamma)
-        return math.log(abs(math.expm1(-self._eta * log_gamma)))
+        b = -self._eta * log_gamma  # log γ^{-η}
+        if b > _EXP_LIMIT:  # γ^{-η} overflows: log(e^b - 1) = b + log(1 - e^{-b})
+            return b + math.log1p(-math.exp(-b))
+        return math.log(abs(math.expm1(b)))
 
     def pmf(self, k: Any) -> np.ndarray:
-        k = np.asarray(k, dtype=float)
-        valid = (k >= 1) & (k == np.floor(k))
+        return _on_support(k, self._pmf_at)
+
+    def _pmf_at(self, k: np.ndarray) -> np.ndarray:
+        valid = k >= 1
         ks = np.where(valid, k, 1.0)
         log_terms = ks * math.log1p(-self._gamma) - self._log_norm()
         if self._eta == 0.0:
@@ -251,14 +283,17 @@ class TruncatedNegativeBinomial(RunCountDistribution):
         return np.where(valid, np.exp(log_terms), 0.0)
 
     def pgf(self, x: Any) -> np.ndarray:
-        log1m = np.log1p(-(1.0 - self._gamma) * np.asarray(x, dtype=float))
+        log1m = np.log1p(-(1.0 - self._gamma) * validate.unit_interval("x", x))
         if self._eta == 0.0:
             return log1m / math.log(self._gamma)
-        return np.expm1(-self._eta * log1m) / math.expm1(-self._eta * math.log(self._gamma))
+        a, b = -self._eta * log1m, -self._eta * math.log(self._gamma)  # 0 <= a <= b when η > 0
+        if b > _EXP_LIMIT:  # (e^a - 1)/(e^b - 1) = e^{a-b} (1 - e^{-a})/(1 - e^{-b}), which cannot overflow
+            return np.exp(a - b) * np.expm1(-a) / math.expm1(-b)
+        return np.expm1(a) / math.expm1(b)
 
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
         # f'(x) = (1-(1-γ)x)^{-η-1} γ^{η+1} E[K]   (proof of P&S Thm 2)
-        log1m = np.log1p(-(1.0 - self._gamma) * np.asarray(x, dtype=float))
+        log1m = np.log1p(-(1.0 - self._gamma) * validate.unit_interval("x", x))
         return -(self._eta + 1.0) * (log1m - math.log(self._gamma)) + math.log(self.mean)
 
     def sample(self, rng: RngLike = None) -> int:
@@ -271,7 +306,7 @@ class TruncatedNegativeBinomial(RunCountDistribution):
             index = int(np.searchsorted(cdf, u, side="right"))
             if index < self._CHUNK:
                 return start + index
-            if cdf[-1] <= cumulative:  # the tail underflowed: u is within rounding of 1
+            if 0.0 < cumulative >= cdf[-1]:  # the tail underflowed: u is within rounding of 1
                 return start + self._CHUNK - 1
             cumulative = float(cdf[-1])
             start += self._CHUNK
@@ -317,9 +352,7 @@ class PointMass(RunCountDistribution):
     """K = k always: plain repetition, accounted by composition (for comparison)."""
 
     def __init__(self, k: int):
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"PointMass needs an integer number of runs k >= 1, got {k!r}.")
-        self._k = int(k)
+        self._k = validate.integer("k", k, minimum=1, maximum=int(MAX_MEAN))
 
     @property
     def k(self) -> int:
@@ -330,14 +363,14 @@ class PointMass(RunCountDistribution):
         return float(self._k)
 
     def pmf(self, k: Any) -> np.ndarray:
-        return np.where(np.asarray(k) == self._k, 1.0, 0.0)
+        return np.where(validate.not_nan("k", k) == self._k, 1.0, 0.0)
 
     def pgf(self, x: Any) -> np.ndarray:
-        return np.asarray(x, dtype=float) ** self._k
+        return validate.unit_interval("x", x) ** self._k
 
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
         with np.errstate(divide="ignore"):
-            return math.log(self._k) + special.xlogy(self._k - 1, np.asarray(x, dtype=float))
+            return math.log(self._k) + special.xlogy(self._k - 1, validate.unit_interval("x", x))
 
     def expected_quantile(self) -> float:
         return self._k / (self._k + 1.0)
@@ -350,18 +383,21 @@ class PointMass(RunCountDistribution):
 
 
 def distribution_from_dict(spec: dict[str, Any]) -> RunCountDistribution:
-    """Rebuilds a law from :meth:`RunCountDistribution.to_dict` output."""
-    law = spec.get("law")
-    if law == "poisson":
-        return Poisson(spec["mean"])
-    if law == "truncated_negative_binomial":
-        return TruncatedNegativeBinomial(spec["eta"], spec["gamma"])
-    if law == "logarithmic":
-        return Logarithmic(spec["gamma"])
-    if law == "geometric":
-        return Geometric(spec["gamma"])
-    if law == "point_mass":
-        return PointMass(spec["k"])
+    """Rebuilds a law from :meth:`RunCountDistribution.to_dict` output; a malformed spec raises ValueError."""
+    law = spec.get("law") if isinstance(spec, dict) else None
+    try:
+        if law == "poisson":
+            return Poisson(spec["mean"])
+        if law == "truncated_negative_binomial":
+            return TruncatedNegativeBinomial(spec["eta"], spec["gamma"])
+        if law == "logarithmic":
+            return Logarithmic(spec["gamma"])
+        if law == "geometric":
+            return Geometric(spec["gamma"])
+        if law == "point_mass":
+            return PointMass(spec["k"])
+    except KeyError as error:
+        raise ValueError(f"The spec of a {law} law needs the key {error}, got {spec!r}.") from error
     raise ValueError(
         f"Unknown law {law!r}; expected one of poisson, truncated_negative_binomial, "
         "logarithmic, geometric, point_mass."

@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.distributions import RunCountDistribution
 
@@ -33,6 +34,7 @@ __all__ = ["add_no_run_atom", "generic_repeat_and_select"]
 _BISECTION_STEPS = 48
 _MAX_CONSTRAINT_ORDERS = 48  # fewer constraints = a larger feasible set = still a valid bound
 _CONSTRAINT_SLACK = 1e-9  # relative slack on ε(α): rounding may only enlarge the feasible set
+MAX_GRID_SIZE = 2**16  # memory grows as len(orders) × grid_size
 
 
 def add_no_run_atom(log_moment: np.ndarray, prob_zero: float, orders: np.ndarray) -> np.ndarray:
@@ -45,8 +47,9 @@ def add_no_run_atom(log_moment: np.ndarray, prob_zero: float, orders: np.ndarray
     P[K=0] to the sum; if it coincides with a run's output, (u, v) ↦ u^λ v^{1-λ}
     is convex and homogeneous, hence subadditive, and the same bound holds.
     """
-    with np.errstate(divide="ignore"):
-        log_prob_zero = math.log(prob_zero) if prob_zero > 0 else -np.inf
+    prob_zero = validate.probability("prob_zero", prob_zero)
+    log_moment = validate.not_nan("log_moment", log_moment)
+    log_prob_zero = math.log(prob_zero) if prob_zero > 0 else -np.inf
     return np.maximum(np.logaddexp(log_prob_zero, log_moment) / (orders - 1.0), 0.0)
 
 
@@ -112,6 +115,7 @@ def generic_repeat_and_select(base: RDPCurve, distribution: RunCountDistribution
     Returns:
         The curve on ``base.orders``; ``inf`` where the bound is infinite.
     """
+    grid_size = validate.positive_int("grid_size", grid_size, maximum=MAX_GRID_SIZE)
     base = base.smoothed()
     finite = np.isfinite(base.epsilons)
     if not finite.any():
@@ -127,9 +131,10 @@ def generic_repeat_and_select(base: RDPCurve, distribution: RunCountDistribution
     log_fp_partner = distribution.log_pgf_derivative(partner[:-1])  # b(q_i) bounds q' from below
 
     lam = base.orders[:, None]
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # overflow is inf, NaN (inf - inf) is inf: conservative
         cell = lam * log_fp_high[None, :] + (1.0 - lam) * log_fp_partner[None, :]
-    cell = np.where(np.isnan(cell), np.inf, cell)
-    worst = cell.max(axis=1)
-    log_moment = (base.orders - 1.0) * base.epsilons + worst
+        cell = np.where(np.isnan(cell), np.inf, cell)
+        worst = cell.max(axis=1)
+        log_moment = (base.orders - 1.0) * base.epsilons + worst
+    log_moment = np.where(np.isnan(log_moment), np.inf, log_moment)
     return RDPCurve(base.orders, add_no_run_atom(log_moment, distribution.prob_zero, base.orders))

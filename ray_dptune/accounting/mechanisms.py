@@ -12,33 +12,49 @@ from collections.abc import Callable
 import numpy as np
 from scipy import special
 
+from ray_dptune import validate
+
 SUBSAMPLED_GAUSSIAN_MAX_ORDER = 1024.0
 SUBSAMPLED_GAUSSIAN_DENSE_UP_TO = 64.0
 SUBSAMPLED_GAUSSIAN_THINNING = 4
+DP_ACCOUNTING_NOISE_RANGE = (1e-150, 1e150)
+"""σ where dp_accounting's RDP series runs (σ² a normal double); outside, the unsubsampled Gaussian bounds it."""
+PLD_MAX_NOISE = 1e100
+"""Largest σ a privacy loss distribution is built for (dp_accounting overflows near 1e154)."""
+PLD_MAX_POINTS = 1e7
+"""Most points of one step's privacy loss distribution, ~(1/σ² + 20/σ)/discretization (~100 s to build)."""
+PLD_MAX_STEPS = 10**6
+"""Most DP-SGD steps composed into one privacy loss distribution (1e5 steps already take ~10 s)."""
+_MAX_EXP_ARGUMENT = 709.0  # e^709 is a finite double
+UNDERFLOW = 1e-300
+"""ε(α) below this may have underflowed; it is raised to 2·UNDERFLOW, above the exact value."""
 
 DeltaProfile = Callable[[np.ndarray], np.ndarray]
 """An exact (or upper-bounding) privacy profile: ε ↦ δ(ε), vectorised."""
 
 
-def _positive(name: str, value: float) -> float:
-    value = float(value)
-    if not value > 0 or math.isnan(value):
-        raise ValueError(f"{name} must be > 0, got {value}.")
-    return value
+def _no_underflow(values: np.ndarray, cap: float = 2.0 * UNDERFLOW) -> np.ndarray:
+    """Values of a positive ε(α) below UNDERFLOW raised to ``cap`` (>= the exact value); the rest as is."""
+    return np.where(values < UNDERFLOW, cap, values)
 
 
 def gaussian_rdp(noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
-    """α / (2σ²): Gaussian mechanism with sensitivity 1 (Mironov 2017, Prop. 7)."""
-    sigma = _positive("noise_multiplier", noise_multiplier)
-    return orders / (2.0 * sigma**2)
+    """α / (2σ²): Gaussian mechanism with sensitivity 1 (Mironov 2017, Prop. 7).
+
+    Overflow gives inf; for σ ≥ 1e150, where σ² overflows, α/σ/(2σ) is used instead.
+    """
+    sigma = validate.finite_positive("noise_multiplier", noise_multiplier)
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        values = orders / (2.0 * sigma**2) if sigma < 1e150 else orders / sigma / (2.0 * sigma)
+    return _no_underflow(values)
 
 
 def zcdp_rdp(rho: float, orders: np.ndarray) -> np.ndarray:
     """ρα: the definition of ρ-zCDP (Bun & Steinke 2016, Def. 1.1)."""
-    rho = float(rho)
-    if not rho >= 0 or math.isinf(rho):
-        raise ValueError(f"rho must be a finite number >= 0, got {rho}.")
-    return rho * orders
+    rho = validate.non_negative("rho", rho)
+    with np.errstate(over="ignore", under="ignore"):
+        values = rho * orders
+    return _no_underflow(values) if rho > 0 else values
 
 
 def pure_dp_rdp(epsilon: float, orders: np.ndarray) -> np.ndarray:
@@ -46,10 +62,11 @@ def pure_dp_rdp(epsilon: float, orders: np.ndarray) -> np.ndarray:
 
     D_α ≤ D_∞ ≤ ε, and ε-DP implies ε²/2-zCDP (Bun & Steinke 2016, Prop. 3.3).
     """
-    epsilon = float(epsilon)
-    if not epsilon >= 0 or math.isinf(epsilon):
-        raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon}.")
-    return np.minimum(epsilon, orders * epsilon**2 / 2.0)
+    epsilon = validate.non_negative("epsilon", epsilon)
+    square = epsilon**2 if epsilon < 1e150 else math.inf  # then αε²/2 > ε: the minimum is ε
+    with np.errstate(over="ignore", under="ignore"):
+        values = np.minimum(epsilon, orders * square / 2.0)
+    return _no_underflow(values, min(epsilon, 2.0 * UNDERFLOW)) if epsilon > 0 else values
 
 
 def subsampled_gaussian_rdp(sample_rate: float, noise_multiplier: float, steps: int, orders: np.ndarray) -> np.ndarray:
@@ -64,22 +81,43 @@ def subsampled_gaussian_rdp(sample_rate: float, noise_multiplier: float, steps: 
     order is computed; the others take the value of the next computed order up,
     valid because D_α is non-decreasing in α (van Erven & Harremos 2014, Thm 3).
     """
-    _check_dpsgd(sample_rate, noise_multiplier, steps)
+    sample_rate, noise_multiplier, steps = _check_dpsgd(sample_rate, noise_multiplier, steps)
     orders = np.asarray(orders, dtype=float)
+    if steps == 0:
+        return np.zeros_like(orders)
+    low, high = DP_ACCOUNTING_NOISE_RANGE
+    if not low <= noise_multiplier <= high:  # subsampling never costs more than the full batch
+        return _composed(gaussian_rdp(noise_multiplier, orders), steps)
     computed = _computed_orders(orders)
     epsilons = np.full(orders.shape, np.inf)
     if computed.any():
-        from dp_accounting import dp_event  # imported here: dp_accounting takes ~1.5 s to import
-        from dp_accounting.rdp import rdp_privacy_accountant
-
-        accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders[computed]))
-        event = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier))
-        accountant.compose(event, int(steps))
-        known_orders, known = orders[computed], np.asarray(accountant.rdp, dtype=float)
+        known_orders = orders[computed]
+        known = _dp_accounting_rdp(sample_rate, noise_multiplier, known_orders)
+        # NaN or a negative RDP is rounding noise of dp_accounting's series: the Gaussian bound replaces it.
+        known = np.where(np.isnan(known) | (known < 0), gaussian_rdp(noise_multiplier, known_orders), known)
         fill = (orders <= SUBSAMPLED_GAUSSIAN_MAX_ORDER) & ~computed
         epsilons[computed] = known
         epsilons[fill] = known[np.searchsorted(known_orders, orders[fill], side="left")]
-    return epsilons
+    return _composed(epsilons, steps)
+
+
+def _dp_accounting_rdp(sample_rate: float, noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
+    """dp_accounting's RDP of one Poisson-subsampled Gaussian step at ``orders``."""
+    from dp_accounting import dp_event  # imported here: dp_accounting takes ~1.5 s to import
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders))
+    event = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier))
+    with np.errstate(all="ignore"):
+        accountant.compose(event, 1)
+    return np.asarray(accountant.rdp, dtype=float)
+
+
+def _composed(epsilons: np.ndarray, steps: int) -> np.ndarray:
+    """``steps`` · ε(α), as dp_accounting composes (count · ε); overflow is inf, an underflowed ε(α) is raised."""
+    factor = float(steps) if steps < 2**1000 else math.inf
+    with np.errstate(over="ignore"):
+        return _no_underflow(factor * _no_underflow(epsilons))
 
 
 def _computed_orders(orders: np.ndarray) -> np.ndarray:
@@ -92,12 +130,12 @@ def _computed_orders(orders: np.ndarray) -> np.ndarray:
     return mask
 
 
-def _check_dpsgd(sample_rate: float, noise_multiplier: float, steps: int) -> None:
-    if not 0 < float(sample_rate) <= 1:
-        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate}.")
-    _positive("noise_multiplier", noise_multiplier)
-    if isinstance(steps, bool) or int(steps) != steps or steps < 0:
-        raise ValueError(f"steps must be an integer >= 0, got {steps!r}.")
+def _check_dpsgd(sample_rate: float, noise_multiplier: float, steps: int) -> tuple[float, float, int]:
+    return (
+        validate.probability("sample_rate", sample_rate, open_left=True),
+        validate.finite_positive("noise_multiplier", noise_multiplier),
+        validate.integer("steps", steps, whole_floats=True),
+    )
 
 
 def gaussian_profile(noise_multiplier: float) -> DeltaProfile:
@@ -106,13 +144,13 @@ def gaussian_profile(noise_multiplier: float) -> DeltaProfile:
     Balle & Wang (2018), "Improving the Gaussian Mechanism", Theorem 8:
     δ(ε) = Φ(1/(2σ) - εσ) - e^ε Φ(-1/(2σ) - εσ), computed in log space.
     """
-    sigma = _positive("noise_multiplier", noise_multiplier)
+    sigma = validate.finite_positive("noise_multiplier", noise_multiplier)
 
     def delta(epsilon: np.ndarray) -> np.ndarray:
-        eps = np.asarray(epsilon, dtype=float)
-        log_a = special.log_ndtr(0.5 / sigma - eps * sigma)
-        log_b = eps + special.log_ndtr(-0.5 / sigma - eps * sigma)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        eps = validate.not_nan("epsilon", epsilon)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            log_a = special.log_ndtr(0.5 / sigma - eps * sigma)
+            log_b = eps + special.log_ndtr(-0.5 / sigma - eps * sigma)
             value = np.where(log_b < log_a, np.exp(log_a) * -np.expm1(log_b - log_a), 0.0)
         return np.clip(value, 0.0, 1.0)
 
@@ -141,17 +179,46 @@ def subsampled_gaussian_profile(
     The PLD is built with ``pessimistic_estimate=True`` (Meiser & Mohammadi 2018;
     Doroshenko et al. 2022), so every δ it returns is an upper bound on the true
     profile: safe to feed to P&S Theorem 6.
+
+    Raises:
+        ValueError: invalid arguments, σ > PLD_MAX_NOISE, or a distribution too large to build
+            (one step of more than PLD_MAX_POINTS points, more than PLD_MAX_STEPS steps, or out of memory).
     """
-    _check_dpsgd(sample_rate, noise_multiplier, steps)
+    sample_rate, noise_multiplier, steps = _check_dpsgd(sample_rate, noise_multiplier, steps)
+    validate.finite_positive("noise_multiplier", noise_multiplier, maximum=PLD_MAX_NOISE)
+    validate.integer("steps", steps, maximum=PLD_MAX_STEPS)
+    discretization = validate.finite_positive("discretization", discretization, maximum=1.0)
     if steps == 0:
-        return lambda epsilon: np.zeros_like(np.asarray(epsilon, dtype=float))
-    pld = _subsampled_gaussian_pld(float(sample_rate), float(noise_multiplier), int(steps), float(discretization))
+        return lambda epsilon: np.zeros_like(validate.not_nan("epsilon", epsilon))
+    points = (1.0 / noise_multiplier / noise_multiplier + 20.0 / noise_multiplier) / discretization
+    if points > PLD_MAX_POINTS:
+        raise ValueError(
+            f"noise_multiplier = {noise_multiplier} with discretization = {discretization} needs ~{points:.2g} "
+            f"points per step (at most {PLD_MAX_POINTS:g}): raise noise_multiplier or discretization."
+        )
+    pld = _built_pld(sample_rate, noise_multiplier, steps, discretization)
 
     def delta(epsilon: np.ndarray) -> np.ndarray:
-        eps = np.atleast_1d(np.asarray(epsilon, dtype=float))
+        eps = np.atleast_1d(validate.not_nan("epsilon", epsilon))
         order = np.argsort(eps)  # dp_accounting wants ascending ε
         values = np.empty_like(eps)
-        values[order] = np.asarray(pld.get_delta_for_epsilon(eps[order]), dtype=float)
+        with np.errstate(over="ignore", invalid="ignore"):  # e^ε overflows above ε ~ 709.78
+            values[order] = np.asarray(pld.get_delta_for_epsilon(eps[order]), dtype=float)
+            # There dp_accounting's δ is NaN (inf · 0); δ is non-increasing in ε, so δ(709) bounds it.
+            values[np.isnan(values)] = pld.get_delta_for_epsilon(_MAX_EXP_ARGUMENT)
         return np.clip(values, 0.0, 1.0).reshape(np.shape(epsilon))
 
     return delta
+
+
+def _built_pld(sample_rate: float, noise_multiplier: float, steps: int, discretization: float):
+    """The cached PLD; running out of memory (too many steps) raises ValueError naming the arguments."""
+    try:
+        with np.errstate(all="ignore"):
+            return _subsampled_gaussian_pld(sample_rate, noise_multiplier, steps, discretization)
+    except (MemoryError, ValueError, OverflowError) as error:
+        raise ValueError(
+            f"dp_accounting cannot build the privacy loss distribution of steps = {steps} with sample_rate = "
+            f"{sample_rate}, noise_multiplier = {noise_multiplier}, discretization = {discretization} ({error}): "
+            "fewer steps or a coarser discretization."
+        ) from error

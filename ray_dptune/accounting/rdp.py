@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ray_dptune import validate
 from ray_dptune.accounting import mechanisms
 
 __all__ = ["DEFAULT_ORDERS", "RDPCurve"]
@@ -126,21 +127,25 @@ class RDPCurve:
         """Composition: the RDP of running both mechanisms (Mironov 2017, Prop. 1)."""
         if not isinstance(other, RDPCurve):
             return NotImplemented
-        if np.array_equal(self.orders, other.orders):
-            return RDPCurve(self.orders, self.epsilons + other.epsilons)
-        top = min(self.orders[-1], other.orders[-1])
-        grid = np.union1d(self.orders, other.orders)
-        grid = grid[grid <= top]
-        return RDPCurve(grid, self.at(grid) + other.at(grid))
+        with np.errstate(over="ignore"):  # a sum above 1.8e308 is inf: conservative
+            if np.array_equal(self.orders, other.orders):
+                return RDPCurve(self.orders, self.epsilons + other.epsilons)
+            top = min(self.orders[-1], other.orders[-1])
+            grid = np.union1d(self.orders, other.orders)
+            grid = grid[grid <= top]
+            return RDPCurve(grid, self.at(grid) + other.at(grid))
 
     def __mul__(self, count: int) -> RDPCurve:
         """``count``-fold composition."""
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
             return NotImplemented
-        if count < 0:
-            raise ValueError(f"A curve can be composed a non-negative number of times, got {count}.")
+        count = validate.integer("count", count)  # the number of compositions
         # 0 * inf is nan, but composing a mechanism zero times costs nothing.
-        return RDPCurve(self.orders, np.zeros_like(self.epsilons) if count == 0 else count * self.epsilons)
+        if count == 0:
+            return RDPCurve(self.orders, np.zeros_like(self.epsilons))
+        factor = float(count) if count < 2**1000 else math.inf  # float(10**400) would raise
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is inf (conservative); inf * 0 is 0
+            return RDPCurve(self.orders, np.where(self.epsilons == 0.0, 0.0, factor * self.epsilons))
 
     __rmul__ = __mul__
 
@@ -177,7 +182,7 @@ class RDPCurve:
         """(ε, the order attaining it) for :meth:`epsilon`."""
         delta = _check_delta(delta)
         alpha, r = self.orders, self.epsilons
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             eps = r + np.log(alpha - 1.0) - np.log(alpha) - (math.log(delta) + np.log(alpha)) / (alpha - 1.0)
             eps = np.where(delta**2 + np.expm1(-r) > 0, 0.0, eps)
         eps = np.where(np.isnan(eps), np.inf, eps)
@@ -191,21 +196,21 @@ class RDPCurve:
         CKS 2020, Prop. 12: δ = exp((α-1)(ε(α) - ε)) (1 - 1/α)^(α-1) / α, and the
         Bretagnolle–Huber bound √(1 - e^{-ε(α)}); the minimum over the grid, capped at 1.
         """
-        epsilon = float(epsilon)
-        if math.isnan(epsilon) or epsilon < 0:
-            raise ValueError(f"epsilon must be >= 0, got {epsilon}.")
+        epsilon = validate.number("epsilon", epsilon)
+        if not epsilon >= 0:
+            raise ValueError(f"epsilon must be >= 0 (inf allowed), got {epsilon}.")
         return float(np.min(self._deltas(np.array([epsilon]))))
 
     def _deltas(self, epsilons: np.ndarray) -> np.ndarray:
         """δ(ε) for several ε at once: shape (len(epsilons),) after min over orders."""
         alpha, r = self.orders[None, :], self.epsilons[None, :]
         eps = np.asarray(epsilons, dtype=float)[:, None]
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             log_delta = (alpha - 1.0) * (r - eps + np.log(alpha - 1.0) - np.log(alpha)) - np.log(alpha)
             log_kl = 0.5 * np.log(-np.expm1(-r))
-        log_delta = np.where(np.isnan(log_delta), np.inf, log_delta)
-        best = np.minimum(log_delta.min(axis=1), np.min(log_kl, axis=1))
-        return np.minimum(np.exp(best) * (1.0 + _ROUNDING_MARGIN), 1.0)
+            log_delta = np.where(np.isnan(log_delta), np.inf, log_delta)
+            best = np.minimum(log_delta.min(axis=1), np.min(log_kl, axis=1))
+            return np.minimum(np.exp(best) * (1.0 + _ROUNDING_MARGIN), 1.0)
 
     # ------------------------------------------------------------------ records
     def to_dict(self) -> dict[str, Any]:
@@ -246,7 +251,4 @@ def _orders_or_default(orders: np.ndarray | None) -> np.ndarray:
 
 
 def _check_delta(delta: float) -> float:
-    delta = float(delta)
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must lie strictly between 0 and 1, got {delta}.")
-    return delta
+    return validate.probability("delta", delta, open_left=True, open_right=True)

@@ -21,12 +21,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ray_dptune import validate
 from ray_dptune.accounting.generic import add_no_run_atom, generic_repeat_and_select
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.distributions import PointMass, Poisson, RunCountDistribution, TruncatedNegativeBinomial
 from ray_dptune.errors import UnsupportedBoundError
 
-__all__ = ["poisson_bound", "repeat_and_select", "truncated_negative_binomial_bound"]
+__all__ = ["check_density_ratio", "poisson_bound", "repeat_and_select", "truncated_negative_binomial_bound"]
 
 
 def truncated_negative_binomial_bound(
@@ -44,9 +45,9 @@ def truncated_negative_binomial_bound(
     (and λ̂ = 1, allowed by P&S Theorem 2, footnote 4). The expression is
     increasing in ε̂, so any upper bound ε̂ ≥ D_λ̂ is valid.
     """
+    log_ratio = math.log(check_density_ratio(density_ratio))
     base = base.smoothed()
     eta, gamma = law.eta, law.gamma
-    log_ratio = math.log(density_ratio)
     log_odds = math.log1p(-gamma) - math.log(gamma)  # log(1/γ - 1)
 
     lam_hat, eps_hat = base.orders, base.epsilons
@@ -54,14 +55,17 @@ def truncated_negative_binomial_bound(
     lam_hat, eps_hat = lam_hat[finite], eps_hat[finite]
     if lam_hat.size == 0:
         return RDPCurve(base.orders, np.full_like(base.epsilons, np.inf))
-    exponent = -(lam_hat - 1.0) * eps_hat - lam_hat * log_ratio
-    hat_terms = (1.0 + eta) * ((1.0 - 1.0 / lam_hat) * eps_hat + log_ratio + np.logaddexp(log_odds, exponent) / lam_hat)
-    # λ̂ = 1: the terms tend to (1+η)(L + log(1/γ - 1 + e^{-L})) as λ̂ → 1.
-    at_one = (1.0 + eta) * (log_ratio + np.logaddexp(log_odds, -log_ratio))
-    selection_cost = min(float(hat_terms.min()), float(at_one))
+    with np.errstate(over="ignore"):  # terms above 1.8e308 are inf: conservative
+        exponent = -(lam_hat - 1.0) * eps_hat - lam_hat * log_ratio
+        hat_terms = (1.0 + eta) * (
+            (1.0 - 1.0 / lam_hat) * eps_hat + log_ratio + np.logaddexp(log_odds, exponent) / lam_hat
+        )
+        # λ̂ = 1: the terms tend to (1+η)(L + log(1/γ - 1 + e^{-L})) as λ̂ → 1.
+        at_one = (1.0 + eta) * (log_ratio + np.logaddexp(log_odds, -log_ratio))
+        selection_cost = min(float(hat_terms.min()), float(at_one))
 
-    lam = base.orders
-    epsilons = base.epsilons + lam / (lam - 1.0) * log_ratio + math.log(law.mean) / (lam - 1.0) + selection_cost
+        lam = base.orders
+        epsilons = base.epsilons + lam / (lam - 1.0) * log_ratio + math.log(law.mean) / (lam - 1.0) + selection_cost
     return RDPCurve(lam, np.maximum(epsilons, 0.0)).smoothed()
 
 
@@ -95,7 +99,8 @@ def poisson_bound(
                 f"(got shape {exact.shape} for input shape {eps_hat.shape})."
             )
         delta_hat = np.minimum(delta_hat, exact)
-    lemma_7_terms = (lam - 1.0) * (base.epsilons + mu * delta_hat) + math.log(mu)
+    with np.errstate(over="ignore"):  # overflow is inf: conservative
+        lemma_7_terms = (lam - 1.0) * (base.epsilons + mu * delta_hat) + math.log(mu)
     return RDPCurve(lam, add_no_run_atom(lemma_7_terms, law.prob_zero, lam)).smoothed()
 
 
@@ -134,9 +139,7 @@ def repeat_and_select(
         raise TypeError(f"base must be an RDPCurve, got {type(base).__name__}.")
     if not isinstance(distribution, RunCountDistribution):
         raise TypeError(f"distribution must be a RunCountDistribution, got {type(distribution).__name__}.")
-    density_ratio = float(density_ratio)
-    if math.isnan(density_ratio) or math.isinf(density_ratio) or density_ratio < 1.0:
-        raise ValueError(f"density_ratio = C/c must be a finite number >= 1 (c <= 1 <= C), got {density_ratio}.")
+    density_ratio = check_density_ratio(density_ratio)
     if base_delta is not None and not isinstance(distribution, Poisson):
         raise ValueError("base_delta is only used by the Poisson bound (P&S Theorem 6); drop it for this law.")
     adaptive = density_ratio > 1.0
@@ -160,3 +163,8 @@ def repeat_and_select(
     if generic and not adaptive:
         bound = bound.minimum(generic_repeat_and_select(base, distribution))
     return bound.smoothed()
+
+
+def check_density_ratio(density_ratio: float) -> float:
+    """C/c as a finite float >= 1 (c <= 1 <= C)."""
+    return validate.in_range("density_ratio", density_ratio, 1.0, note=" (C/c, with c <= 1 <= C)")

@@ -8,12 +8,12 @@ The same record serves as a trial's *plan* (what it may spend) and as what it ha
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 
 __all__ = ["TrialSpend", "curve_from_report", "parse_report", "report_covers"]
@@ -40,18 +40,14 @@ class TrialSpend:
     score_releases: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 < float(self.sample_rate) <= 1.0:
-            raise ValueError(f"sample_rate must lie in (0, 1], got {self.sample_rate}.")
-        if not float(self.noise_multiplier) > 0 or math.isinf(self.noise_multiplier):
-            raise ValueError(f"noise_multiplier must be a finite number > 0, got {self.noise_multiplier}.")
+        validate.probability("sample_rate", self.sample_rate, open_left=True)
+        validate.finite_positive("noise_multiplier", self.noise_multiplier)
         for name in ("steps", "score_releases"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
+            validate.integer(name, getattr(self, name))
         if self.score_releases and self.score_noise_multiplier is None:
             raise ValueError("score_releases > 0 needs score_noise_multiplier (the σ of the score's noise).")
-        if self.score_noise_multiplier is not None and not float(self.score_noise_multiplier) > 0:
-            raise ValueError(f"score_noise_multiplier must be > 0, got {self.score_noise_multiplier}.")
+        if self.score_noise_multiplier is not None:
+            validate.finite_positive("score_noise_multiplier", self.score_noise_multiplier)
 
     def curve(self, orders: np.ndarray | None = None) -> RDPCurve:
         """The RDP curve: subsampled Gaussian over the steps, composed with the scores."""

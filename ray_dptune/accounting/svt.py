@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 
 __all__ = [
@@ -80,6 +81,12 @@ QUERY_NOISE_FACTOR = 4.0
 HEADROOM_FACTOR = 2
 """Default T_max = HEADROOM_FACTOR × the non-randomised worst case (:func:`default_max_rounds`)."""
 
+MIN_GRANULARITY = 1e-9
+"""Finest utility grid g: below any accuracy's resolution, and n = ⌈(1 − u0)/g⌉ must stay a sane count."""
+
+MAX_PARTITIONS = 2**53
+"""Most partitions k: 1/k and the Laplace scales stay exact doubles."""
+
 
 @dataclass(frozen=True)
 class SVTParams:
@@ -98,24 +105,19 @@ class SVTParams:
     initial_utility: float = 0.0
 
     def __post_init__(self) -> None:
-        k = self.partitions
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"partitions (k) must be an integer >= 1, got {k!r}.")
-        object.__setattr__(self, "partitions", int(k))
-        eps = float(self.epsilon)
-        if not (eps > 0 and math.isfinite(eps)):
-            raise ValueError(f"epsilon (per SVT round) must be a finite number > 0, got {self.epsilon!r}.")
-        g = float(self.granularity)
-        if not 0.0 < g < 1.0:
-            raise ValueError(f"granularity g must lie strictly between 0 and 1, got {self.granularity!r}.")
-        u0 = float(self.initial_utility)
-        if not 0.0 <= u0 < 1.0:
-            raise ValueError(
-                f"initial_utility u0 must lie in [0, 1) (utilities are accuracies), got {self.initial_utility!r}."
-            )
+        k = validate.positive_int("partitions", self.partitions, maximum=MAX_PARTITIONS)
+        eps = validate.finite_positive("epsilon", self.epsilon)
+        g = validate.in_range("granularity", self.granularity, MIN_GRANULARITY, 1.0, open_right=True)
+        u0 = validate.in_range("initial_utility", self.initial_utility, 0.0, 1.0, open_right=True, note=" (an accuracy)")
+        object.__setattr__(self, "partitions", k)
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "granularity", g)
         object.__setattr__(self, "initial_utility", u0)
+        if not math.isfinite(self.query_scale):
+            raise ValueError(
+                f"epsilon * partitions = {self.epsilon * self.partitions:g} is too small: the Laplace scale "
+                f"4/(k·epsilon) overflows; epsilon must be >= {QUERY_NOISE_FACTOR / 1e308 / self.partitions:g}."
+            )
 
     @property
     def sensitivity(self) -> float:
@@ -138,8 +140,8 @@ class SVTParams:
         return math.ceil((1.0 - self.initial_utility) / self.granularity)
 
     def utility(self, level: int) -> float:
-        """u = u0 + g·level, the utility the climb has reached."""
-        return self.initial_utility + self.granularity * level
+        """u = u0 + g·level, the utility the climb has reached (inf for a level beyond any double)."""
+        return self.initial_utility + self.granularity * (float(level) if level < 2**1000 else math.inf)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready record."""
@@ -191,8 +193,8 @@ def svt_round(utilities: np.ndarray, level: int, step: int, params: SVTParams, r
     Privacy: Dwork & Roth (2014) Theorem 3.23 with Δ = 1/k (Ding et al. Lemma 2):
     ε-DP, whatever ``level`` and ``step`` are.
     """
-    if step < 1:
-        raise ValueError(f"step must be >= 1 inside the loop, got {step}.")
+    level = validate.integer("level", level)
+    step = validate.integer("step", step, minimum=1)  # >= 1 inside the loop
     threshold = params.utility(level + step) + rng.laplace(0.0, params.threshold_scale)  # line 16
     noisy = np.asarray(utilities, dtype=float) + rng.laplace(0.0, params.query_scale, size=len(utilities))  # line 20
     passed = np.flatnonzero(noisy >= threshold)  # line 21
@@ -262,17 +264,15 @@ def check_utilities(utilities: Any) -> np.ndarray:
         raise ValueError(f"utilities must be a non-empty 1-D sequence, got shape {array.shape}.")
     if not np.all(np.isfinite(array)) or np.any(array < 0.0) or np.any(array > 1.0):
         raise ValueError(
-            f"every utility must lie in [0, 1] (an accuracy): the sensitivity 1/k of Lemma 2 depends on it; "
+            f"utilities must each lie in [0, 1] (an accuracy): the sensitivity 1/k of Lemma 2 depends on it; "
             f"got {array.tolist()}."
         )
     return array
 
 
 def check_max_rounds(max_rounds: Any) -> int:
-    """``max_rounds`` as an int >= 1."""
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, (int, np.integer)) or max_rounds < 1:
-        raise ValueError(f"max_rounds (T_max) must be an integer >= 1, got {max_rounds!r}.")
-    return int(max_rounds)
+    """``max_rounds`` (T_max) as an int >= 1."""
+    return validate.positive_int("max_rounds", max_rounds)
 
 
 # ---------------------------------------------------------------------- the non-randomised world
@@ -291,10 +291,9 @@ def noiseless_rounds(target_level: int) -> int:
     Args:
         target_level: L* >= 0.
     """
-    if isinstance(target_level, bool) or int(target_level) != target_level or target_level < 0:
-        raise ValueError(f"target_level must be an integer >= 0, got {target_level!r}.")
-    j = (int(target_level) + 1).bit_length() - 1
-    remainder = int(target_level) + 1 - (1 << j)
+    target_level = validate.integer("target_level", target_level, whole_floats=True)
+    j = (target_level + 1).bit_length() - 1
+    remainder = target_level + 1 - (1 << j)
     return 2 * remainder.bit_count() + 2 * j + 1
 
 
@@ -346,5 +345,5 @@ def svt_curve(epsilon: float, rounds: int, orders: np.ndarray | None = None) -> 
     RDP min(ε, αε²/2) (Bun & Steinke 2016, Prop. 3.3, and D_α ≤ D_∞), and RDP composes
     adaptively by addition (Mironov 2017, Prop. 1). Pass T_max, never the rounds used.
     """
-    rounds = check_max_rounds(rounds)
+    rounds = validate.positive_int("rounds", rounds)
     return RDPCurve.pure(epsilon, orders) * rounds

@@ -39,13 +39,15 @@ Where this module departs from the paper, it is always towards *more* noise:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
 
-from ray_dptune.errors import UnsupportedBoundError
+from ray_dptune import validate
+from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 __all__ = [
     "DEFAULT_K1",
@@ -68,6 +70,8 @@ __all__ = [
 
 DEFAULT_K1 = 0.95  # Kusner §6, Figure 1: the most likely k1(V, V') for SVM validation accuracies
 ROUND_UP = 1e-12  # relative margin: a bound computed in floating point is never below the exact one
+MAX_COUNT = 2**53  # counts (|Λ|, T, m) stay exact doubles
+MAX_ROUNDS = 10_000  # the greedy γ_T bound costs O(T³) time and O(T²) memory
 KernelName = Literal["rbf", "matern52"]
 Release = Literal["both", "config", "score"]
 
@@ -77,26 +81,39 @@ def _up(value: float) -> float:
     return float(value) * (1.0 + ROUND_UP) if value > 0 else float(value)
 
 
+def _floor_normal(value: float) -> float:
+    """A positive quantity that underflowed below the smallest normal double, raised to it (never below the truth)."""
+    return max(value, sys.float_info.min)
+
+
+def _log_quotient(factors: tuple[float, ...], denominator: float) -> float:
+    """log(Π factors / denominator): the direct quotient where it is a finite positive double, else a sum of logs."""
+    try:
+        quotient = math.prod(factors) / denominator
+    except OverflowError:  # an int beyond any double
+        quotient = math.inf
+    if 0.0 < quotient < math.inf:
+        return math.log(quotient)
+    return math.fsum(math.log(f) for f in factors) - math.log(denominator)
+
+
+def _product(*factors: float) -> float:
+    """Π factors, 0 if any is 0 (inf · 0 would be NaN; an overflowed factor of a zero product is finite)."""
+    return 0.0 if 0.0 in factors else math.prod(factors)
+
+
 def _check_probability(name: str, value: float) -> float:
-    value = float(value)
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must lie strictly between 0 and 1, got {value}.")
-    return value
+    return validate.probability(name, value, open_left=True, open_right=True)
 
 
 def _check_positive(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise ValueError(f"{name} must be a fixed positive number, got {value!r}.")  # noqa: TRY004
-    value = float(value)
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}.")
-    return value
+    return validate.finite_positive(name, value)
 
 
 def _check_count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
-    return int(value)
+    return validate.positive_int(name, value, maximum=MAX_COUNT)
 
 
 def check_k1(k1: float) -> float:
@@ -117,7 +134,7 @@ def beta_t(t: int, n_candidates: int, delta: float) -> float:
     GP-UCB's regret bound (and Srinivas Lemma 5.1) holds with probability ≥ 1 − δ/2.
     """
     t, n = _check_count("t", t), _check_count("n_candidates", n_candidates)
-    return _up(2.0 * math.log(n * t * t * math.pi**2 / (3.0 * _check_probability("delta", delta))))
+    return _up(2.0 * _log_quotient((n, t, t, math.pi**2), 3.0 * _check_probability("delta", delta)))
 
 
 def dataset_shift_bound(k1: float, n_candidates: int, failure: float) -> float:
@@ -129,12 +146,15 @@ def dataset_shift_bound(k1: float, n_candidates: int, failure: float) -> float:
     2√((1 − k1) log(3|Λ|/δ)).
     """
     k1, n = check_k1(k1), _check_count("n_candidates", n_candidates)
-    return _up(2.0 * math.sqrt((1.0 - k1) * math.log(n / _check_probability("failure", failure))))
+    return _up(2.0 * math.sqrt((1.0 - k1) * _log_quotient((n,), _check_probability("failure", failure))))
 
 
 def srinivas_c1(noise_variance: float) -> float:
-    """C1 = 8 / log(1 + σ⁻²) (Srinivas Theorem 1; Kusner Algorithm 1), for k(λ, λ) ≤ 1."""
-    return _up(8.0 / math.log1p(1.0 / _check_positive("noise_variance", noise_variance)))
+    """C1 = 8 / log(1 + σ⁻²) (Srinivas Theorem 1; Kusner Algorithm 1), for k(λ, λ) ≤ 1; inf if it overflows."""
+    variance = _check_positive("noise_variance", noise_variance)
+    inverse = 1.0 / variance
+    log_term = math.log1p(inverse) if math.isfinite(inverse) else math.log1p(variance) - math.log(variance)
+    return _up(8.0 / log_term)
 
 
 def exponential_mechanism_probabilities(scores: np.ndarray, *, epsilon: float, sensitivity: float) -> np.ndarray:
@@ -150,12 +170,14 @@ def exponential_mechanism_probabilities(scores: np.ndarray, *, epsilon: float, s
         >>> exponential_mechanism_probabilities(np.array([0.0, 0.0]), epsilon=1.0, sensitivity=1.0)
         array([0.5, 0.5])
     """
-    s = np.asarray(scores, dtype=float)
-    if s.ndim != 1 or s.size == 0 or not np.all(np.isfinite(s)):
+    s = validate.finite_array("scores", scores)
+    if s.ndim != 1 or s.size == 0:
         raise ValueError("scores must be a non-empty 1-D array of finite numbers.")
     scale = _check_positive("epsilon", epsilon) / (2.0 * _check_positive("sensitivity", sensitivity))
-    with np.errstate(over="ignore"):  # a difference below -1.8e308 is -inf: probability 0, as it should be
-        p = np.exp((s - s.max()) * scale)
+    with np.errstate(over="ignore", invalid="ignore"):  # a difference below -1.8e308 is -inf: probability 0
+        difference = s - s.max()
+        logits = np.where(difference == 0.0, 0.0, difference * scale)  # the best keep 0 even for scale = inf
+        p = np.exp(np.where(np.isnan(logits), 0.0, logits))  # NaN: -inf · 0 (scale underflowed): uniform
     return p / p.sum()
 
 
@@ -169,22 +191,39 @@ def kernel_matrix(x: np.ndarray, y: np.ndarray, *, kernel: KernelName, lengthsca
         lengthscale: ℓ > 0, fixed before seeing any data.
     """
     ell = _check_positive("lengthscale", lengthscale)
-    x, y = np.atleast_2d(np.asarray(x, dtype=float)), np.atleast_2d(np.asarray(y, dtype=float))
-    sq = np.maximum(((x[:, None, :] - y[None, :, :]) ** 2).sum(-1), 0.0)
-    if kernel == "rbf":
-        return np.exp(-sq / (2.0 * ell * ell))
-    if kernel == "matern52":
+    x, y = np.atleast_2d(validate.finite_array("x", x)), np.atleast_2d(validate.finite_array("y", y))
+    if kernel not in ("rbf", "matern52"):
+        raise ValueError(f"kernel must be 'rbf' or 'matern52', got {kernel!r}.")
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # far points: distance inf, kernel 0
+        sq = _squared_distances(x, y)
+        if not (1e-150 < ell < 1e150 and np.all(np.isfinite(sq))):  # ℓ² or a distance overflows: scale first
+            sq, ell = _squared_distances(x / ell, y / ell), 1.0
+        if kernel == "rbf":
+            return np.exp(-sq / (2.0 * ell * ell))
         r = math.sqrt(5.0) * np.sqrt(sq) / ell
-        return (1.0 + r + r * r / 3.0) * np.exp(-r)
-    raise ValueError(f"kernel must be 'rbf' or 'matern52', got {kernel!r}.")
+        value = (1.0 + r + r * r / 3.0) * np.exp(-r)
+    return np.where(np.isnan(value), 0.0, value)  # NaN only from inf · 0 at r >= 1e154, where the kernel is 0
+
+
+def _squared_distances(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.maximum(((x[:, None, :] - y[None, :, :]) ** 2).sum(-1), 0.0)
 
 
 def information_gain(kernel: np.ndarray, noise_variance: float) -> float:
     """I(y_A; f) = ½ log det(I + σ⁻² K_A) in nats (Srinivas §2, eq. before Lemma 5.3)."""
-    k = np.atleast_2d(np.asarray(kernel, dtype=float))
-    sign, logdet = np.linalg.slogdet(np.eye(k.shape[0]) + k / _check_positive("noise_variance", noise_variance))
-    if sign <= 0:
-        raise ValueError("I + K/σ² is not positive definite: the kernel matrix is not PSD.")
+    k = np.atleast_2d(validate.finite_array("kernel", kernel))
+    if k.ndim != 2 or k.shape[0] != k.shape[1]:
+        raise ValueError(f"kernel must be a square matrix, got shape {k.shape}.")
+    noise = _check_positive("noise_variance", noise_variance)
+    with np.errstate(over="ignore"):
+        scaled = k / noise
+    if not np.all(np.isfinite(scaled)):
+        raise ValueError(f"kernel / noise_variance overflows (noise_variance = {noise}): rescale the kernel.")
+    sign, logdet = np.linalg.slogdet(np.eye(k.shape[0]) + scaled)
+    if sign <= 0 or not math.isfinite(logdet):
+        raise ValueError(
+            "I + K/σ² is not positive definite: the kernel matrix is not PSD, or noise_variance is below its rounding."
+        )
     return 0.5 * float(logdet)
 
 
@@ -236,7 +275,16 @@ def _greedy_gamma_bound(
     full: np.ndarray | None,
 ) -> float:
     """The bounds of :func:`max_information_gain_bound`; ``column(p)`` is k(Λ, λ_p), ``full`` K or None."""
-    rounds, noise = _check_count("num_rounds", num_rounds), _check_positive("noise_variance", noise_variance)
+    rounds = validate.positive_int("num_rounds", num_rounds, maximum=MAX_ROUNDS)
+    noise = _check_positive("noise_variance", noise_variance)
+    with np.errstate(over="ignore", invalid="ignore"):  # σ² tiny: gains inf, and information_gain refuses it
+        return _greedy_bounds(diag, column, rounds, noise, full)
+
+
+def _greedy_bounds(
+    diag: np.ndarray, column: Callable[[int], np.ndarray], rounds: int, noise: float, full: np.ndarray | None
+) -> float:
+    """The body of :func:`_greedy_gamma_bound`, on checked arguments."""
     n = diag.size
     var = np.clip(diag, 0.0, None)
     factors = np.zeros((n, rounds))  # posterior variance = diag(K) − Σ_j factors[:, j]²
@@ -341,11 +389,11 @@ def algorithm1_bounds(
     c = dataset_shift_bound(k1, n, delta / 3.0)
     lemma51_failure = 2.0 * 3.0 * delta_beta / ((t + 1) ** 2 * math.pi**2)  # both datasets, time T + 1
     if lemma51_failure + delta / 3.0 > delta:  # cannot happen (≤ 0.16δ + δ/3): guards edits of this code
-        raise AssertionError("Theorem 1's union bound exceeds δ.")
+        raise PrivacyError(f"Theorem 1's union bound exceeds delta = {delta}.")
     c1 = srinivas_c1(sigma2)
-    regret = _up(math.sqrt(c1 * beta_t_ * gamma / t))
+    regret = _up(math.sqrt(_product(c1, beta_t_, gamma) / t))
     c_score = dataset_shift_bound(k1, n, delta / 4.0)
-    q_score = _up(2.0 * math.sqrt(sigma2) * math.sqrt(2.0 * math.log(2.0 * t / (delta / 4.0))))
+    q_score = _up(2.0 * math.sqrt(sigma2) * math.sqrt(2.0 * _log_quotient((2.0, t), delta / 4.0)))
     score_sensitivity = _up(regret + c_score + q_score)
     return Algorithm1Bounds(
         n_candidates=n,
@@ -378,10 +426,12 @@ def paper_algorithm1_laplace_scale(
     :func:`algorithm1_bounds` gives the scale the searcher uses, which is never smaller.
     """
     t = _check_count("num_trials", num_trials)
+    epsilon, gamma = _check_positive("epsilon", epsilon), validate.non_negative("gamma", gamma)
+    noise_variance = _check_positive("noise_variance", noise_variance)
     beta = beta_t(t, n_candidates, delta)
     c = dataset_shift_bound(k1, n_candidates, delta / 3.0)
-    q = math.sqrt(noise_variance) * math.sqrt(4.0 * math.log(3.0 / delta))
-    return (math.sqrt(srinivas_c1(noise_variance) * beta * gamma) / math.sqrt(t) + c + q) / epsilon
+    q = math.sqrt(noise_variance) * math.sqrt(4.0 * _log_quotient((3.0,), delta))
+    return (math.sqrt(_product(srinivas_c1(noise_variance), beta, gamma)) / math.sqrt(t) + c + q) / epsilon
 
 
 # ---------------------------------------------------------------------------- Algorithm 2
@@ -419,12 +469,34 @@ def algorithm3_sensitivity(
     min{g*/m, L/(mλ_min)} is replaced by g*/m (module docstring item 3): never smaller.
     Holds for any acquisition and any T, and for the best of any subset of Λ.
     """
+    lip, g, m, lo, hi = _algorithm3_arguments(lipschitz, g_star, validation_size, lambda_min, lambda_max)
+    return _up(_lambda_spread(lip, lo, hi) + _floor_normal(g / m))
+
+
+def _algorithm3_arguments(
+    lipschitz: float, g_star: float, validation_size: int, lambda_min: float, lambda_max: float
+) -> tuple[float, float, int, float, float]:
     lip, g = _check_positive("lipschitz (L)", lipschitz), _check_positive("g_star (g*)", g_star)
     m = _check_count("validation_size (m)", validation_size)
     lo, hi = _check_positive("lambda_min", lambda_min), _check_positive("lambda_max", lambda_max)
     if hi < lo:
         raise ValueError(f"lambda_max = {hi} is below lambda_min = {lo}.")
-    return _up((hi - lo) * lip / (hi * lo) + g / m)
+    return lip, g, m, lo, hi
+
+
+def _is_normal(value: float) -> bool:
+    return sys.float_info.min <= value < math.inf
+
+
+def _lambda_spread(lip: float, lo: float, hi: float) -> float:
+    """L(1/λ_min − 1/λ_max) as (λ_max − λ_min)L/(λ_max·λ_min); where that under- or overflows, rounded up."""
+    if hi == lo:
+        return 0.0
+    numerator, product = (hi - lo) * lip, hi * lo
+    if _is_normal(numerator) and _is_normal(product) and _is_normal(numerator / product):
+        return numerator / product
+    # each reciprocal and the difference round by at most ulp(1/λ_min)/2: two ulps cover them
+    return lip * (1.0 / lo - 1.0 / hi + 2.0 * math.ulp(1.0 / lo))
 
 
 def algorithm3_laplace_scale(
@@ -438,13 +510,17 @@ def algorithm3_laplace_scale(
         lambda_min=lambda_min,
         lambda_max=lambda_max,
     )
-    return _up(sensitivity / _check_positive("epsilon", epsilon))
+    return _up(_floor_normal(sensitivity / _check_positive("epsilon", epsilon)))
 
 
 def paper_algorithm3_laplace_scale(
     *, epsilon: float, lipschitz: float, g_star: float, validation_size: int, lambda_min: float, lambda_max: float
 ) -> float:
     """Algorithm 3 as printed: (1/ε)min{g*/m, L/(mλ_min)} + (λ_max − λ_min)L/(ελ_maxλ_min) (reference only)."""
-    m = validation_size
-    first = min(g_star / m, lipschitz / (m * lambda_min))
-    return first / epsilon + (lambda_max - lambda_min) * lipschitz / (epsilon * lambda_max * lambda_min)
+    lip, g, m, lo, hi = _algorithm3_arguments(lipschitz, g_star, validation_size, lambda_min, lambda_max)
+    epsilon = _check_positive("epsilon", epsilon)
+    first = min(g / m, lip / (m * lo))
+    denominator = epsilon * hi * lo
+    if _is_normal(denominator):
+        return first / epsilon + (hi - lo) * lip / denominator
+    return first / epsilon + _lambda_spread(lip, lo, hi) / epsilon
