@@ -118,8 +118,8 @@ def test_default_cap_covers_every_noiseless_run(u0, g):
 
 
 def test_default_cap_numbers_for_documented_settings():
-    assert [worst_case_noiseless_rounds(SVTParams(1, 1.0, g)) for g in (0.1, 0.05, 0.01, 0.001)] == [11, 13, 23, 35]
-    assert default_max_rounds(SVTParams(5, 0.2, 0.01)) == 46
+    assert [worst_case_noiseless_rounds(SVTParams(partitions=1, epsilon=1.0, granularity=g)) for g in (0.1, 0.05, 0.01, 0.001)] == [11, 13, 23, 35]
+    assert default_max_rounds(SVTParams(partitions=5, epsilon=0.2, granularity=0.01)) == 46
 
 
 def test_the_cap_stops_the_loop():
@@ -311,7 +311,7 @@ def expected_choice(accuracy, failed=(), k=3):
     for s, candidate in enumerate(CANDIDATES):
         values = [0.0 if (s, i) in failed else accuracy({**candidate, PARTITION_KEY: {"index": i}}) for i in range(k)]
         means.append(sum(values) / k)
-    params = SVTParams(k, 1.0, SETTINGS["granularity"])
+    params = SVTParams(partitions=k, epsilon=1.0, granularity=SETTINGS["granularity"])
     return run_svt(means, params, max_rounds=1000, rng=NON_RANDOMIZED).chosen
 
 
@@ -378,7 +378,7 @@ def test_details_are_json_and_hold_no_utilities():
     text = json.dumps(searcher.privacy_details())
     assert "0.123456" not in text
     details = json.loads(text)
-    assert details["max_rounds"] == default_max_rounds(SVTParams(3, 1e6, SETTINGS["granularity"]))
+    assert details["max_rounds"] == default_max_rounds(SVTParams(partitions=3, epsilon=1e6, granularity=SETTINGS["granularity"]))
     assert details["max_rounds_source"].startswith("default: 2 ×")
     assert details["partition_trials"] == 18 and details["num_candidates"] == 6
     assert details["seed"] == 0

@@ -85,11 +85,11 @@ def test_exponential_mechanism_ratio_is_at_most_e_eps(seed):
 
 def test_beta_and_c_against_hand_computed_values():
     # mpmath, 30 digits: 2 log(64·3²·π²/(3·1e-3)) and 2√(0.05 log(3·64/1e-3))
-    assert vr.beta_t(3, 64, 1e-3) == pytest.approx(28.9094208454174378964789340649, rel=1e-11)
+    assert vr.beta_t(3, 64, delta=1e-3) == pytest.approx(28.9094208454174378964789340649, rel=1e-11)
     assert vr.dataset_shift_bound(0.95, 64, 1e-3 / 3) == pytest.approx(1.55982374972366147775162401748, rel=1e-11)
     assert vr.srinivas_c1(0.01) == pytest.approx(1.73343252268425345445991694291, rel=1e-11)
     assert vr.dataset_shift_bound(1.0, 64, 1e-3) == 0.0  # k1 = 1: the datasets' functions coincide
-    assert vr.beta_t(3, 64, 1e-3) >= 2 * math.log(64 * 9 * math.pi**2 / 3e-3)  # rounded up, never down
+    assert vr.beta_t(3, 64, delta=1e-3) >= 2 * math.log(64 * 9 * math.pi**2 / 3e-3)  # rounded up, never down
 
 
 def test_algorithm1_constants_against_hand_computed_values():
@@ -213,7 +213,7 @@ def test_ucb_picks_the_argmax_and_waits_while_pending():
             mean, std = numpy_posterior(features[observed], np.array(values), features, "matern52", 0.2, 0.01)
         else:
             mean, std = np.zeros(6), np.ones(6)
-        expected = int(np.argmax(mean + math.sqrt(vr.beta_t(t, 6, DELTA / 2)) * std))
+        expected = int(np.argmax(mean + math.sqrt(vr.beta_t(t, 6, delta=DELTA / 2)) * std))
         config = searcher.suggest(f"t{t}")
         assert config == configs[expected]
         assert searcher.suggest("other") is None  # one trial at a time

@@ -130,7 +130,7 @@ def profile_at(make_profile: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def svt_everything(partitions, epsilon, granularity, initial_utility):
-    params = svt.SVTParams(partitions, epsilon, granularity, initial_utility)
+    params = svt.SVTParams(partitions=partitions, epsilon=epsilon, granularity=granularity, initial_utility=initial_utility)
     rounds = svt.default_max_rounds(params)
     result = svt.run_svt([0.2, 0.9], params, max_rounds=min(rounds, 200), rng=np.random.default_rng(0))
     return [params.to_dict(), params.query_scale, rounds, svt.worst_case_noiseless_rounds(params), result.to_dict()]
@@ -230,11 +230,11 @@ ENTRIES = [
           {"epsilon": REAL, "rounds": COUNT}),
     Entry("noiseless_rounds", lambda target_level: svt.noiseless_rounds(target_level), {"target_level": COUNT}),
     Entry("run_svt",
-          lambda utilities, max_rounds: svt.run_svt(utilities, svt.SVTParams(5, 1.0, 0.1), max_rounds=max_rounds,
+          lambda utilities, max_rounds: svt.run_svt(utilities, svt.SVTParams(partitions=5, epsilon=1.0, granularity=0.1), max_rounds=max_rounds,
                                                     rng=np.random.default_rng(0)),
           {"utilities": st.lists(UNIT, min_size=0, max_size=3), "max_rounds": SMALL_COUNT}),
     Entry("svt_round",
-          lambda level, step: svt.svt_round(np.array([0.5]), level, step, svt.SVTParams(5, 1.0, 0.1),
+          lambda level, step: svt.svt_round(np.array([0.5]), level, step, svt.SVTParams(partitions=5, epsilon=1.0, granularity=0.1),
                                             np.random.default_rng(0)),
           {"level": COUNT, "step": COUNT}),
     # ------------------------------------------------------------ a trial's spend
@@ -309,8 +309,8 @@ def test_entry_point_answers_edge_values_cleanly(entry):
         (lambda: Poisson(3.0).pgf(2.0), r"x must lie in \[0, 1\]"),
         (lambda: Geometric(0.5).pgf(math.inf), r"x must lie in \[0, 1\]"),
         (lambda: Poisson(3.0).pmf(math.nan), "k must not be NaN"),
-        (lambda: svt.SVTParams(5, 1.0, 1e-300), "granularity must be >= 1e-09 and < 1"),
-        (lambda: svt.SVTParams(1, 1e-308, 0.1), "epsilon must be >="),
+        (lambda: svt.SVTParams(partitions=5, epsilon=1.0, granularity=1e-300), "granularity must be >= 1e-09 and < 1"),
+        (lambda: svt.SVTParams(partitions=1, epsilon=1e-308, granularity=0.1), "epsilon must be >="),
         (lambda: RDPCurve.gaussian(1.0).epsilon(math.nan), "delta must be a finite number > 0 and < 1"),
         (lambda: subsampled_gaussian_profile(0.5, 1e-3, 1), "points per step"),
         (lambda: subsampled_gaussian_profile(0.5, 1.0, 10**7), "steps <= 1000000"),
@@ -334,7 +334,7 @@ def test_values_at_the_edges_are_the_limits_or_on_the_safe_side():
     assert np.all(RDPCurve.subsampled_gaussian(0.5, 1e200, 3).epsilons > 0)
     # log-space fallbacks give the finite value, not inf or an OverflowError
     expected = 2 * (math.log(50 * 100 * math.pi**2) - math.log(3 * 5e-324))
-    assert expected <= vr.beta_t(10, 50, 5e-324) == pytest.approx(expected, rel=1e-11)
+    assert expected <= vr.beta_t(10, 50, delta=5e-324) == pytest.approx(expected, rel=1e-11)
     assert vr.srinivas_c1(5e-324) == pytest.approx(8 / -math.log(5e-324), rel=1e-12)
     # a law whose first runs have underflowing probability is still sampled near its mean
     law = TruncatedNegativeBinomial.from_mean(1000.0, 1e5)

@@ -88,7 +88,7 @@ MAX_PARTITIONS = 2**53
 """Most partitions k: 1/k and the Laplace scales stay exact doubles."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SVTParams:
     """The data-independent parameters of Algorithm 1's rounds.
 

@@ -76,7 +76,7 @@ KernelName = Literal["rbf", "matern52"]
 Release = Literal["both", "config", "score"]
 
 
-def _up(value: float) -> float:
+def round_up(value: float) -> float:
     """``value`` nudged up by ``ROUND_UP`` (relative), so rounding cannot make a bound optimistic."""
     return float(value) * (1.0 + ROUND_UP) if value > 0 else float(value)
 
@@ -106,13 +106,13 @@ def _check_probability(name: str, value: float) -> float:
     return validate.probability(name, value, open_left=True, open_right=True)
 
 
-def _check_positive(name: str, value: float) -> float:
+def check_positive(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise ValueError(f"{name} must be a fixed positive number, got {value!r}.")  # noqa: TRY004
     return validate.finite_positive(name, value)
 
 
-def _check_count(name: str, value: int) -> int:
+def check_count(name: str, value: int) -> int:
     return validate.positive_int(name, value, maximum=MAX_COUNT)
 
 
@@ -127,14 +127,14 @@ def check_k1(k1: float) -> float:
 
 
 # ---------------------------------------------------------------------------- GP-UCB constants
-def beta_t(t: int, n_candidates: int, delta: float) -> float:
+def beta_t(t: int, n_candidates: int, *, delta: float) -> float:
     """β_t = 2 log(|Λ| t² π² / (3δ)) (Kusner Algorithm 1).
 
     This is Srinivas Theorem 1's β_t = 2 log(|D| t² π² / (6δ')) with δ' = δ/2: with it,
     GP-UCB's regret bound (and Srinivas Lemma 5.1) holds with probability ≥ 1 − δ/2.
     """
-    t, n = _check_count("t", t), _check_count("n_candidates", n_candidates)
-    return _up(2.0 * _log_quotient((n, t, t, math.pi**2), 3.0 * _check_probability("delta", delta)))
+    t, n = check_count("t", t), check_count("n_candidates", n_candidates)
+    return round_up(2.0 * _log_quotient((n, t, t, math.pi**2), 3.0 * _check_probability("delta", delta)))
 
 
 def dataset_shift_bound(k1: float, n_candidates: int, failure: float) -> float:
@@ -145,16 +145,16 @@ def dataset_shift_bound(k1: float, n_candidates: int, failure: float) -> float:
     = 2√((1 − k1) log(|Λ|/failure)). Algorithm 1's c is failure = δ/3:
     2√((1 − k1) log(3|Λ|/δ)).
     """
-    k1, n = check_k1(k1), _check_count("n_candidates", n_candidates)
-    return _up(2.0 * math.sqrt((1.0 - k1) * _log_quotient((n,), _check_probability("failure", failure))))
+    k1, n = check_k1(k1), check_count("n_candidates", n_candidates)
+    return round_up(2.0 * math.sqrt((1.0 - k1) * _log_quotient((n,), _check_probability("failure", failure))))
 
 
 def srinivas_c1(noise_variance: float) -> float:
     """C1 = 8 / log(1 + σ⁻²) (Srinivas Theorem 1; Kusner Algorithm 1), for k(λ, λ) ≤ 1; inf if it overflows."""
-    variance = _check_positive("noise_variance", noise_variance)
+    variance = check_positive("noise_variance", noise_variance)
     inverse = 1.0 / variance
     log_term = math.log1p(inverse) if math.isfinite(inverse) else math.log1p(variance) - math.log(variance)
-    return _up(8.0 / log_term)
+    return round_up(8.0 / log_term)
 
 
 def exponential_mechanism_probabilities(scores: np.ndarray, *, epsilon: float, sensitivity: float) -> np.ndarray:
@@ -173,7 +173,7 @@ def exponential_mechanism_probabilities(scores: np.ndarray, *, epsilon: float, s
     s = validate.finite_array("scores", scores)
     if s.ndim != 1 or s.size == 0:
         raise ValueError("scores must be a non-empty 1-D array of finite numbers.")
-    scale = _check_positive("epsilon", epsilon) / (2.0 * _check_positive("sensitivity", sensitivity))
+    scale = check_positive("epsilon", epsilon) / (2.0 * check_positive("sensitivity", sensitivity))
     with np.errstate(over="ignore", invalid="ignore"):  # a difference below -1.8e308 is -inf: probability 0
         difference = s - s.max()
         logits = np.where(difference == 0.0, 0.0, difference * scale)  # the best keep 0 even for scale = inf
@@ -190,7 +190,7 @@ def kernel_matrix(x: np.ndarray, y: np.ndarray, *, kernel: KernelName, lengthsca
         kernel: "rbf", exp(−r²/(2ℓ²)); or "matern52", (1 + √5 r/ℓ + 5r²/(3ℓ²)) e^{−√5 r/ℓ}.
         lengthscale: ℓ > 0, fixed before seeing any data.
     """
-    ell = _check_positive("lengthscale", lengthscale)
+    ell = check_positive("lengthscale", lengthscale)
     x, y = np.atleast_2d(validate.finite_array("x", x)), np.atleast_2d(validate.finite_array("y", y))
     if kernel not in ("rbf", "matern52"):
         raise ValueError(f"kernel must be 'rbf' or 'matern52', got {kernel!r}.")
@@ -214,7 +214,7 @@ def information_gain(kernel: np.ndarray, noise_variance: float) -> float:
     k = np.atleast_2d(validate.finite_array("kernel", kernel))
     if k.ndim != 2 or k.shape[0] != k.shape[1]:
         raise ValueError(f"kernel must be a square matrix, got shape {k.shape}.")
-    noise = _check_positive("noise_variance", noise_variance)
+    noise = check_positive("noise_variance", noise_variance)
     with np.errstate(over="ignore"):
         scaled = k / noise
     if not np.all(np.isfinite(scaled)):
@@ -276,7 +276,7 @@ def _greedy_gamma_bound(
 ) -> float:
     """The bounds of :func:`max_information_gain_bound`; ``column(p)`` is k(Λ, λ_p), ``full`` K or None."""
     rounds = validate.positive_int("num_rounds", num_rounds, maximum=MAX_ROUNDS)
-    noise = _check_positive("noise_variance", noise_variance)
+    noise = check_positive("noise_variance", noise_variance)
     with np.errstate(over="ignore", invalid="ignore"):  # σ² tiny: gains inf, and information_gain refuses it
         return _greedy_bounds(diag, column, rounds, noise, full)
 
@@ -304,7 +304,7 @@ def _greedy_bounds(
     if full is not None and n <= 1000:
         eig = np.clip(np.linalg.eigvalsh((full + full.T) / 2.0), 0.0, None)
         bounds.append(0.5 * float(np.log1p(rounds * eig / noise).sum()))
-    return _up(min(bounds)) + 1e-12
+    return round_up(min(bounds)) + 1e-12
 
 
 # ---------------------------------------------------------------------------- Algorithm 1
@@ -376,25 +376,25 @@ def algorithm1_bounds(
         gamma_bound: an upper bound on γ_T (:func:`max_information_gain_bound`).
         release: "config" (λ̃ only: β_t on δ), "score" or "both" (β_t on δ/2).
     """
-    n, t = _check_count("n_candidates", n_candidates), _check_count("num_trials", num_trials)
-    eps, delta = _check_positive("epsilon", epsilon), _check_probability("delta", delta)
-    k1, sigma2 = check_k1(k1), _check_positive("noise_variance", noise_variance)
+    n, t = check_count("n_candidates", n_candidates), check_count("num_trials", num_trials)
+    eps, delta = check_positive("epsilon", epsilon), _check_probability("delta", delta)
+    k1, sigma2 = check_k1(k1), check_positive("noise_variance", noise_variance)
     gamma = float(gamma_bound)
     if not (math.isfinite(gamma) and gamma >= 0.0):
         raise ValueError(f"gamma_bound must be a finite number >= 0, got {gamma_bound}.")
     if release not in ("both", "config", "score"):
         raise ValueError(f"release must be 'both', 'config' or 'score', got {release!r}.")
     delta_beta = delta if release == "config" else delta / 2.0
-    beta_t_, beta_next = beta_t(t, n, delta_beta), beta_t(t + 1, n, delta_beta)
+    beta_t_, beta_next = beta_t(t, n, delta=delta_beta), beta_t(t + 1, n, delta=delta_beta)
     c = dataset_shift_bound(k1, n, delta / 3.0)
     lemma51_failure = 2.0 * 3.0 * delta_beta / ((t + 1) ** 2 * math.pi**2)  # both datasets, time T + 1
     if lemma51_failure + delta / 3.0 > delta:  # cannot happen (≤ 0.16δ + δ/3): guards edits of this code
         raise PrivacyError(f"Theorem 1's union bound exceeds delta = {delta}.")
     c1 = srinivas_c1(sigma2)
-    regret = _up(math.sqrt(_product(c1, beta_t_, gamma) / t))
+    regret = round_up(math.sqrt(_product(c1, beta_t_, gamma) / t))
     c_score = dataset_shift_bound(k1, n, delta / 4.0)
-    q_score = _up(2.0 * math.sqrt(sigma2) * math.sqrt(2.0 * _log_quotient((2.0, t), delta / 4.0)))
-    score_sensitivity = _up(regret + c_score + q_score)
+    q_score = round_up(2.0 * math.sqrt(sigma2) * math.sqrt(2.0 * _log_quotient((2.0, t), delta / 4.0)))
+    score_sensitivity = round_up(regret + c_score + q_score)
     return Algorithm1Bounds(
         n_candidates=n,
         num_trials=t,
@@ -406,14 +406,14 @@ def algorithm1_bounds(
         beta_T=beta_t_,
         beta_T_plus_1=beta_next,
         c=c,
-        em_sensitivity=_up(2.0 * math.sqrt(beta_next) + c),
+        em_sensitivity=round_up(2.0 * math.sqrt(beta_next) + c),
         c1=c1,
         gamma_T=gamma,
         c_score=c_score,
         q_score=q_score,
         regret_term=regret,
         score_sensitivity=score_sensitivity,
-        laplace_scale=_up(score_sensitivity / eps),
+        laplace_scale=round_up(score_sensitivity / eps),
     )
 
 
@@ -425,10 +425,10 @@ def paper_algorithm1_laplace_scale(
     For reference and tests only: its union bound exceeds δ (module docstring, item 1);
     :func:`algorithm1_bounds` gives the scale the searcher uses, which is never smaller.
     """
-    t = _check_count("num_trials", num_trials)
-    epsilon, gamma = _check_positive("epsilon", epsilon), validate.non_negative("gamma", gamma)
-    noise_variance = _check_positive("noise_variance", noise_variance)
-    beta = beta_t(t, n_candidates, delta)
+    t = check_count("num_trials", num_trials)
+    epsilon, gamma = check_positive("epsilon", epsilon), validate.non_negative("gamma", gamma)
+    noise_variance = check_positive("noise_variance", noise_variance)
+    beta = beta_t(t, n_candidates, delta=delta)
     c = dataset_shift_bound(k1, n_candidates, delta / 3.0)
     q = math.sqrt(noise_variance) * math.sqrt(4.0 * _log_quotient((3.0,), delta))
     return (math.sqrt(_product(srinivas_c1(noise_variance), beta, gamma)) / math.sqrt(t) + c + q) / epsilon
@@ -470,15 +470,15 @@ def algorithm3_sensitivity(
     Holds for any acquisition and any T, and for the best of any subset of Λ.
     """
     lip, g, m, lo, hi = _algorithm3_arguments(lipschitz, g_star, validation_size, lambda_min, lambda_max)
-    return _up(_lambda_spread(lip, lo, hi) + _floor_normal(g / m))
+    return round_up(_lambda_spread(lip, lo, hi) + _floor_normal(g / m))
 
 
 def _algorithm3_arguments(
     lipschitz: float, g_star: float, validation_size: int, lambda_min: float, lambda_max: float
 ) -> tuple[float, float, int, float, float]:
-    lip, g = _check_positive("lipschitz (L)", lipschitz), _check_positive("g_star (g*)", g_star)
-    m = _check_count("validation_size (m)", validation_size)
-    lo, hi = _check_positive("lambda_min", lambda_min), _check_positive("lambda_max", lambda_max)
+    lip, g = check_positive("lipschitz (L)", lipschitz), check_positive("g_star (g*)", g_star)
+    m = check_count("validation_size (m)", validation_size)
+    lo, hi = check_positive("lambda_min", lambda_min), check_positive("lambda_max", lambda_max)
     if hi < lo:
         raise ValueError(f"lambda_max = {hi} is below lambda_min = {lo}.")
     return lip, g, m, lo, hi
@@ -510,7 +510,7 @@ def algorithm3_laplace_scale(
         lambda_min=lambda_min,
         lambda_max=lambda_max,
     )
-    return _up(_floor_normal(sensitivity / _check_positive("epsilon", epsilon)))
+    return round_up(_floor_normal(sensitivity / check_positive("epsilon", epsilon)))
 
 
 def paper_algorithm3_laplace_scale(
@@ -518,7 +518,7 @@ def paper_algorithm3_laplace_scale(
 ) -> float:
     """Algorithm 3 as printed: (1/ε)min{g*/m, L/(mλ_min)} + (λ_max − λ_min)L/(ελ_maxλ_min) (reference only)."""
     lip, g, m, lo, hi = _algorithm3_arguments(lipschitz, g_star, validation_size, lambda_min, lambda_max)
-    epsilon = _check_positive("epsilon", epsilon)
+    epsilon = check_positive("epsilon", epsilon)
     first = min(g / m, lip / (m * lo))
     denominator = epsilon * hi * lo
     if _is_normal(denominator):

@@ -202,7 +202,9 @@ class ConstantOverheadSearcher(PrivateSearcher):
         _check_mode(mode)
         super().__init__(metric=metric, mode=mode or "max")
         self._candidates = _candidate_list(candidates)
-        self._params = SVTParams(partitions, epsilon_round, granularity, initial_utility)
+        self._params = SVTParams(
+            partitions=partitions, epsilon=epsilon_round, granularity=granularity, initial_utility=initial_utility
+        )
         if max_rounds is None:
             self._max_rounds, self._max_rounds_source = default_max_rounds(self._params), "default"
         else:

@@ -283,7 +283,7 @@ class DPBOSearcher(PrivateSearcher):
         super().__init__(metric=metric, mode=mode)
         settings = {
             "algorithm": int(algorithm),
-            "epsilon": vr._check_positive("epsilon", epsilon),
+            "epsilon": vr.check_positive("epsilon", epsilon),
             "release": release,
             "kernel": kernel,
             "lengthscale": _fixed("lengthscale", lengthscale),
@@ -307,9 +307,9 @@ class DPBOSearcher(PrivateSearcher):
                 raise ValueError("algorithm 3 needs reg_key, the config key of the L2 weight λ of Kusner eq. (10).")
             settings.update(
                 delta=0.0,
-                lipschitz=vr._check_positive("lipschitz (L)", lipschitz),
-                g_star=vr._check_positive("g_star (g*)", g_star),
-                validation_size=vr._check_count("validation_size (m)", validation_size),
+                lipschitz=vr.check_positive("lipschitz (L)", lipschitz),
+                g_star=vr.check_positive("g_star (g*)", g_star),
+                validation_size=vr.check_count("validation_size (m)", validation_size),
                 reg_key=reg_key,
             )
         self._settings = settings
@@ -500,7 +500,7 @@ class DPBOSearcher(PrivateSearcher):
         """Index in Λ of GP-UCB's λ_t = argmax μ_{t−1} + √β_t σ_{t−1} (first index on ties)."""
         mean, std = self.posterior()
         t = len(self._observations) + 1
-        return int(np.argmax(mean + math.sqrt(vr.beta_t(t, len(self._configs), self._delta_beta())) * std))
+        return int(np.argmax(mean + math.sqrt(vr.beta_t(t, len(self._configs), delta=self._delta_beta())) * std))
 
     def release_probabilities(self) -> np.ndarray:
         """The exponential mechanism's law of λ̃ over Λ: softmax(ε μ_t / (2Δ)) (algorithm 1)."""
@@ -542,8 +542,8 @@ class DPBOSearcher(PrivateSearcher):
                     gamma_bound=gamma,
                     release=s["release"],
                 ).to_dict()
-                bounds["laplace_scale_metric_units"] = vr._up(bounds["laplace_scale"] * s["prior_std"])
-                bounds["em_sensitivity_metric_units"] = vr._up(bounds["em_sensitivity"] * s["prior_std"])
+                bounds["laplace_scale_metric_units"] = vr.round_up(bounds["laplace_scale"] * s["prior_std"])
+                bounds["em_sensitivity_metric_units"] = vr.round_up(bounds["em_sensitivity"] * s["prior_std"])
             else:
                 lam = [float(c[s["reg_key"]]) for c in self._configs]
                 bounds = {
@@ -557,7 +557,7 @@ class DPBOSearcher(PrivateSearcher):
                         lambda_max=max(lam),
                     ),
                 }
-                bounds["laplace_scale"] = bounds["laplace_scale_metric_units"] = vr._up(
+                bounds["laplace_scale"] = bounds["laplace_scale_metric_units"] = vr.round_up(
                     bounds["sensitivity"] / s["epsilon"]
                 )
             self._bounds = bounds
