@@ -19,6 +19,7 @@ from ray import tune
 from scipy import special, stats
 
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, UnsupportedBoundError, private_tune_config
+from ray_dptune.accounting import information_gain as ig
 from ray_dptune.accounting import validation_release as vr
 from ray_dptune.callbacks import REPORT_FILE
 from ray_dptune.search.dpbo import DPBOSearcher, build_candidate_set, draw_index, gp_posterior
@@ -48,8 +49,8 @@ def drive(searcher, score=acc, start=0, stop=None):
 
 def numpy_posterior(x, y, xs, kernel, lengthscale, noise):
     """Kusner eq. (2): μ = k(λ, X)(K + σ²I)⁻¹y, σ² = 1 − k(λ, X)(K + σ²I)⁻¹k(X, λ)."""
-    kx = vr.kernel_matrix(xs, x, kernel=kernel, lengthscale=lengthscale)
-    gram = vr.kernel_matrix(x, x, kernel=kernel, lengthscale=lengthscale) + noise * np.eye(len(x))
+    kx = ig.kernel_matrix(xs, x, kernel=kernel, lengthscale=lengthscale)
+    gram = ig.kernel_matrix(x, x, kernel=kernel, lengthscale=lengthscale) + noise * np.eye(len(x))
     return kx @ np.linalg.solve(gram, y), np.sqrt(1.0 - np.einsum("ij,ji->i", kx, np.linalg.solve(gram, kx.T)))
 
 
@@ -86,9 +87,9 @@ def test_exponential_mechanism_ratio_is_at_most_e_eps(seed):
 def test_beta_and_c_against_hand_computed_values():
     # mpmath, 30 digits: 2 log(64·3²·π²/(3·1e-3)) and 2√(0.05 log(3·64/1e-3))
     assert vr.beta_t(3, 64, delta=1e-3) == pytest.approx(28.9094208454174378964789340649, rel=1e-11)
-    assert vr.dataset_shift_bound(0.95, 64, 1e-3 / 3) == pytest.approx(1.55982374972366147775162401748, rel=1e-11)
+    assert vr.dataset_shift_bound(0.95, 64, failure=1e-3 / 3) == pytest.approx(1.55982374972366147775162401748, rel=1e-11)
     assert vr.srinivas_c1(0.01) == pytest.approx(1.73343252268425345445991694291, rel=1e-11)
-    assert vr.dataset_shift_bound(1.0, 64, 1e-3) == 0.0  # k1 = 1: the datasets' functions coincide
+    assert vr.dataset_shift_bound(1.0, 64, failure=1e-3) == 0.0  # k1 = 1: the datasets' functions coincide
     assert vr.beta_t(3, 64, delta=1e-3) >= 2 * math.log(64 * 9 * math.pi**2 / 3e-3)  # rounded up, never down
 
 
@@ -141,7 +142,7 @@ def test_algorithm3_scale_against_hand_computed_values():
 def exact_gamma(kernel, rounds, noise):
     """γ_T by brute force over every multiset of size T."""
     return max(
-        vr.information_gain(kernel[np.ix_(a, a)], noise)
+        ig.information_gain(kernel[np.ix_(a, a)], noise)
         for a in itertools.combinations_with_replacement(range(kernel.shape[0]), rounds)
     )
 
@@ -152,27 +153,27 @@ def exact_gamma(kernel, rounds, noise):
 def test_gamma_bound_is_above_the_brute_force_maximum(T, kernel, seed):
     rng = np.random.default_rng(seed)
     x = rng.random((6, 2))
-    k = vr.kernel_matrix(x, x, kernel=kernel, lengthscale=rng.uniform(0.1, 1.0))
+    k = ig.kernel_matrix(x, x, kernel=kernel, lengthscale=rng.uniform(0.1, 1.0))
     noise = 10 ** rng.uniform(-2, 0)
-    exact, bound = exact_gamma(k, T, noise), vr.max_information_gain_bound(k, T, noise)
+    exact, bound = exact_gamma(k, T, noise), ig.max_information_gain_bound(k, T, noise)
     assert exact <= bound <= exact / (1 - 1 / math.e) + 1e-9
 
 
 def test_gamma_bound_from_points_matches_the_matrix_version():
     x = np.random.default_rng(2).random((1200, 2))  # above 1 000: columns computed on demand
-    k = vr.kernel_matrix(x, x, kernel="rbf", lengthscale=0.1)
-    by_points = vr.max_information_gain_bound_from_points(x, 6, 0.05, kernel="rbf", lengthscale=0.1)
-    assert by_points == pytest.approx(vr.max_information_gain_bound(k, 6, 0.05), rel=1e-12)
+    k = ig.kernel_matrix(x, x, kernel="rbf", lengthscale=0.1)
+    by_points = ig.max_information_gain_bound_from_points(x, 6, 0.05, kernel="rbf", lengthscale=0.1)
+    assert by_points == pytest.approx(ig.max_information_gain_bound(k, 6, 0.05), rel=1e-12)
     small = x[:50]
-    assert vr.max_information_gain_bound_from_points(small, 4, 0.05, kernel="matern52", lengthscale=0.3) == (
-        vr.max_information_gain_bound(vr.kernel_matrix(small, small, kernel="matern52", lengthscale=0.3), 4, 0.05)
+    assert ig.max_information_gain_bound_from_points(small, 4, 0.05, kernel="matern52", lengthscale=0.3) == (
+        ig.max_information_gain_bound(ig.kernel_matrix(small, small, kernel="matern52", lengthscale=0.3), 4, 0.05)
     )
 
 
 def test_gamma_bound_counts_repeated_queries():
     """One point queried T times gains ½ log(1 + T/σ²) > ½ log(1 + 1/σ²): multisets matter."""
     k = np.ones((1, 1))
-    assert vr.max_information_gain_bound(k, 4, 0.1) >= 0.5 * math.log(1 + 4 / 0.1)
+    assert ig.max_information_gain_bound(k, 4, 0.1) >= 0.5 * math.log(1 + 4 / 0.1)
 
 
 # ---------------------------------------------------------------------------- the surrogate

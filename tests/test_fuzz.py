@@ -28,6 +28,7 @@ from ray_dptune.accounting import (
     subsampled_gaussian_profile,
 )
 from ray_dptune.accounting import svt
+from ray_dptune.accounting import information_gain as ig
 from ray_dptune.accounting import validation_release as vr
 from ray_dptune.accounting.generic import add_no_run_atom
 from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
@@ -251,20 +252,20 @@ ENTRIES = [
               np.array(scores, dtype=float), epsilon=epsilon, sensitivity=sensitivity),
           {"scores": st.lists(REAL, min_size=0, max_size=3), "epsilon": REAL, "sensitivity": REAL}),
     Entry("kernel_matrix",
-          lambda x, kernel, lengthscale: vr.kernel_matrix(np.array([x, [0.0, 1.0]], dtype=float),
+          lambda x, kernel, lengthscale: ig.kernel_matrix(np.array([x, [0.0, 1.0]], dtype=float),
                                                           np.array([[0.5, 0.5]]), kernel=kernel,
                                                           lengthscale=lengthscale),
           {"x": st.lists(REAL, min_size=2, max_size=2), "kernel": st.sampled_from(["rbf", "matern52"]),
            "lengthscale": REAL}),
     Entry("information_gain",
-          lambda kernel, noise_variance: vr.information_gain(np.array([[1.0, kernel], [kernel, 1.0]]), noise_variance),
+          lambda kernel, noise_variance: ig.information_gain(np.array([[1.0, kernel], [kernel, 1.0]]), noise_variance),
           {"kernel": REAL, "noise_variance": REAL}),
     Entry("max_information_gain_bound",
-          lambda kernel, num_rounds, noise_variance: vr.max_information_gain_bound(
+          lambda kernel, num_rounds, noise_variance: ig.max_information_gain_bound(
               np.array([[1.0, kernel], [kernel, 1.0]]), num_rounds, noise_variance),
           {"kernel": REAL, "num_rounds": SMALL_COUNT, "noise_variance": REAL}),
     Entry("max_information_gain_bound_from_points",
-          lambda x, num_rounds, noise_variance, lengthscale: vr.max_information_gain_bound_from_points(
+          lambda x, num_rounds, noise_variance, lengthscale: ig.max_information_gain_bound_from_points(
               np.array([[x], [0.5]]), num_rounds, noise_variance, kernel="matern52", lengthscale=lengthscale),
           {"x": REAL, "num_rounds": SMALL_COUNT, "noise_variance": REAL, "lengthscale": REAL}),
     Entry("algorithm1_bounds",

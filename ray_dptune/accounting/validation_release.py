@@ -4,9 +4,7 @@ References:
     Kusner, Gardner, Garnett, Weinberger. "Differentially Private Bayesian
     Optimization", ICML 2015 (Kusner below): Algorithms 1–3, Theorems 1, 3, 5, 7.
     Srinivas, Krause, Kakade, Seeger. "Gaussian Process Optimization in the Bandit
-    Setting", ICML 2010 (Srinivas below): Lemma 5.1, Theorem 1, Lemma 5.3–5.4.
-    Nemhauser, Wolsey, Fisher. "An analysis of approximations for maximizing
-    submodular set functions", Math. Programming 14, 1978 (greedy ≥ (1 − (1 − 1/T)^T)·OPT).
+    Setting", ICML 2010 (Srinivas below): Lemma 5.1, Theorem 1.
 
 Threat model: the *validation* set V is private, the training data are public; a
 neighbour V' swaps one validation record. Under Assumption 1 all f_V are jointly
@@ -14,7 +12,10 @@ GP(0, k1 ⊗ k2) with k2(λ, λ) = 1 and k1(V, V) = 1; k1 = k1(V, V') is a model
 constant the user states (Kusner §6 finds 0.95 most likely: ``DEFAULT_K1``). The
 (ε, δ) is Kusner's: the sensitivity bound holds with probability ≥ 1 − δ over the
 GP draw of (f_V, f_V') and the observation noise, and the mechanism is ε-DP on that
-event. Everything here is in the GP's units (f / prior std); numpy/scipy only.
+event. Everything here is in the GP's units (f / prior std); numpy/scipy only. The
+bound on γ_T lives in :mod:`ray_dptune.accounting.information_gain`; it and the
+rounding and checks of :mod:`ray_dptune.accounting.gp_numerics` are re-exported here for
+:mod:`ray_dptune.search.dpbo`.
 
 Where this module departs from the paper, it is always towards *more* noise:
 
@@ -40,45 +41,40 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
 
 from ray_dptune import validate
+from ray_dptune.accounting.gp_numerics import check_count, check_positive, round_up
+from ray_dptune.accounting.information_gain import KernelName, max_information_gain_bound_from_points
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 __all__ = [
     "DEFAULT_K1",
     "Algorithm1Bounds",
+    "KernelName",
+    "Release",
     "algorithm1_bounds",
     "algorithm2_laplace_scale",
     "algorithm3_laplace_scale",
     "algorithm3_sensitivity",
     "beta_t",
+    "check_count",
+    "check_k1",
+    "check_positive",
     "dataset_shift_bound",
     "exponential_mechanism_probabilities",
-    "information_gain",
-    "kernel_matrix",
-    "max_information_gain_bound",
     "max_information_gain_bound_from_points",
     "paper_algorithm1_laplace_scale",
     "paper_algorithm3_laplace_scale",
+    "round_up",
     "srinivas_c1",
 ]
 
 DEFAULT_K1 = 0.95  # Kusner §6, Figure 1: the most likely k1(V, V') for SVM validation accuracies
-ROUND_UP = 1e-12  # relative margin: a bound computed in floating point is never below the exact one
-MAX_COUNT = 2**53  # counts (|Λ|, T, m) stay exact doubles
-MAX_ROUNDS = 10_000  # the greedy γ_T bound costs O(T³) time and O(T²) memory
-KernelName = Literal["rbf", "matern52"]
 Release = Literal["both", "config", "score"]
-
-
-def round_up(value: float) -> float:
-    """``value`` nudged up by ``ROUND_UP`` (relative), so rounding cannot make a bound optimistic."""
-    return float(value) * (1.0 + ROUND_UP) if value > 0 else float(value)
 
 
 def _floor_normal(value: float) -> float:
@@ -106,16 +102,6 @@ def _check_probability(name: str, value: float) -> float:
     return validate.probability(name, value, open_left=True, open_right=True)
 
 
-def check_positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ValueError(f"{name} must be a fixed positive number, got {value!r}.")  # noqa: TRY004
-    return validate.finite_positive(name, value)
-
-
-def check_count(name: str, value: int) -> int:
-    return validate.positive_int(name, value, maximum=MAX_COUNT)
-
-
 def check_k1(k1: float) -> float:
     """Validates k1(V, V') ∈ [0, 1] (a normalised dataset kernel: k1(V, V) = 1)."""
     if isinstance(k1, bool) or not isinstance(k1, (int, float, np.floating)):
@@ -137,7 +123,7 @@ def beta_t(t: int, n_candidates: int, *, delta: float) -> float:
     return round_up(2.0 * _log_quotient((n, t, t, math.pi**2), 3.0 * _check_probability("delta", delta)))
 
 
-def dataset_shift_bound(k1: float, n_candidates: int, failure: float) -> float:
+def dataset_shift_bound(k1: float, n_candidates: int, *, failure: float) -> float:
     """c with max_{λ∈Λ} |f_V(λ) − f_V'(λ)| ≤ c except with probability ``failure`` (Kusner Thm 1).
 
     f_V(λ) − f_V'(λ) ~ N(0, σ1²), σ1² = 2(1 − k1) (Assumption 1, k1(V, V) = 1); with
@@ -179,132 +165,6 @@ def exponential_mechanism_probabilities(scores: np.ndarray, *, epsilon: float, s
         logits = np.where(difference == 0.0, 0.0, difference * scale)  # the best keep 0 even for scale = inf
         p = np.exp(np.where(np.isnan(logits), 0.0, logits))  # NaN: -inf · 0 (scale underflowed): uniform
     return p / p.sum()
-
-
-# ---------------------------------------------------------------------------- information gain
-def kernel_matrix(x: np.ndarray, y: np.ndarray, *, kernel: KernelName, lengthscale: float) -> np.ndarray:
-    """k2(x, y) with k2(λ, λ) = 1 (Kusner §2): squared exponential or Matérn-5/2.
-
-    Args:
-        x: (n, d) and y: (m, d) inputs (the unit cube of the searcher's coordinates).
-        kernel: "rbf", exp(−r²/(2ℓ²)); or "matern52", (1 + √5 r/ℓ + 5r²/(3ℓ²)) e^{−√5 r/ℓ}.
-        lengthscale: ℓ > 0, fixed before seeing any data.
-    """
-    ell = check_positive("lengthscale", lengthscale)
-    x, y = np.atleast_2d(validate.finite_array("x", x)), np.atleast_2d(validate.finite_array("y", y))
-    if kernel not in ("rbf", "matern52"):
-        raise ValueError(f"kernel must be 'rbf' or 'matern52', got {kernel!r}.")
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # far points: distance inf, kernel 0
-        sq = _squared_distances(x, y)
-        if not (1e-150 < ell < 1e150 and np.all(np.isfinite(sq))):  # ℓ² or a distance overflows: scale first
-            sq, ell = _squared_distances(x / ell, y / ell), 1.0
-        if kernel == "rbf":
-            return np.exp(-sq / (2.0 * ell * ell))
-        r = math.sqrt(5.0) * np.sqrt(sq) / ell
-        value = (1.0 + r + r * r / 3.0) * np.exp(-r)
-    return np.where(np.isnan(value), 0.0, value)  # NaN only from inf · 0 at r >= 1e154, where the kernel is 0
-
-
-def _squared_distances(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.maximum(((x[:, None, :] - y[None, :, :]) ** 2).sum(-1), 0.0)
-
-
-def information_gain(kernel: np.ndarray, noise_variance: float) -> float:
-    """I(y_A; f) = ½ log det(I + σ⁻² K_A) in nats (Srinivas §2, eq. before Lemma 5.3)."""
-    k = np.atleast_2d(validate.finite_array("kernel", kernel))
-    if k.ndim != 2 or k.shape[0] != k.shape[1]:
-        raise ValueError(f"kernel must be a square matrix, got shape {k.shape}.")
-    noise = check_positive("noise_variance", noise_variance)
-    with np.errstate(over="ignore"):
-        scaled = k / noise
-    if not np.all(np.isfinite(scaled)):
-        raise ValueError(f"kernel / noise_variance overflows (noise_variance = {noise}): rescale the kernel.")
-    sign, logdet = np.linalg.slogdet(np.eye(k.shape[0]) + scaled)
-    if sign <= 0 or not math.isfinite(logdet):
-        raise ValueError(
-            "I + K/σ² is not positive definite: the kernel matrix is not PSD, or noise_variance is below its rounding."
-        )
-    return 0.5 * float(logdet)
-
-
-def max_information_gain_bound(kernel: np.ndarray, num_rounds: int, noise_variance: float) -> float:
-    """A sound upper bound on γ_T = max_{|A| = T} ½ log det(I + σ⁻² K_A) over a finite Λ.
-
-    A ranges over *multisets* of Λ (GP-UCB may query a point again), the set
-    Srinivas Lemma 5.3–5.4 need: I(y_T; f) = ½ Σ_t log(1 + σ⁻²σ²_{t−1}(λ_t)) ≤ γ_T.
-    F(A) = I(y_A; f) is monotone submodular on the ground set Λ × {1..T} (the copies
-    have independent noise, the y's are conditionally independent given f; Krause &
-    Guestrin 2005), so with the greedy multiset S_0 ⊂ … ⊂ S_T, each of these bounds OPT:
-
-    * F(S_T) / (1 − (1 − 1/T)^T), Nemhauser et al. 1978 (≤ F(S_T)/(1 − 1/e));
-    * min_s F(S_s) + T·max_λ Δ(λ | S_s), submodularity (F(O) ≤ F(S) + Σ_{o∈O} Δ(o | S));
-      s = 0 gives the trivial (T/2) log(1 + σ⁻²);
-    * ½ log det(I + Tσ⁻² K_Λ) for |Λ| ≤ 1 000: with counts N, I = ½ log det(I + σ⁻²K^½NK^½)
-      and N ≼ T·I.
-
-    The least of them is returned, nudged up to absorb rounding.
-
-    Args:
-        kernel: (n, n) the PSD kernel matrix of Λ, k(λ, λ) ≤ 1.
-        num_rounds: T ≥ 1. noise_variance: σ² > 0.
-    """
-    k = np.asarray(kernel, dtype=float)
-    if k.ndim != 2 or k.shape[0] != k.shape[1] or k.shape[0] == 0 or not np.all(np.isfinite(k)):
-        raise ValueError("kernel must be a non-empty square matrix of finite numbers.")
-    return _greedy_gamma_bound(np.diag(k).copy(), lambda p: k[:, p], num_rounds, noise_variance, k)
-
-
-def max_information_gain_bound_from_points(
-    x: np.ndarray, num_rounds: int, noise_variance: float, *, kernel: KernelName, lengthscale: float
-) -> float:
-    """:func:`max_information_gain_bound` for Λ = the rows of ``x``, without the n × n matrix when n > 1 000."""
-    x = np.atleast_2d(np.asarray(x, dtype=float))
-    if x.shape[0] <= 1000:
-        return max_information_gain_bound(
-            kernel_matrix(x, x, kernel=kernel, lengthscale=lengthscale), num_rounds, noise_variance
-        )
-    column = lambda p: kernel_matrix(x, x[p : p + 1], kernel=kernel, lengthscale=lengthscale)[:, 0]
-    return _greedy_gamma_bound(np.ones(x.shape[0]), column, num_rounds, noise_variance, None)
-
-
-def _greedy_gamma_bound(
-    diag: np.ndarray,
-    column: Callable[[int], np.ndarray],
-    num_rounds: int,
-    noise_variance: float,
-    full: np.ndarray | None,
-) -> float:
-    """The bounds of :func:`max_information_gain_bound`; ``column(p)`` is k(Λ, λ_p), ``full`` K or None."""
-    rounds = validate.positive_int("num_rounds", num_rounds, maximum=MAX_ROUNDS)
-    noise = check_positive("noise_variance", noise_variance)
-    with np.errstate(over="ignore", invalid="ignore"):  # σ² tiny: gains inf, and information_gain refuses it
-        return _greedy_bounds(diag, column, rounds, noise, full)
-
-
-def _greedy_bounds(
-    diag: np.ndarray, column: Callable[[int], np.ndarray], rounds: int, noise: float, full: np.ndarray | None
-) -> float:
-    """The body of :func:`_greedy_gamma_bound`, on checked arguments."""
-    n = diag.size
-    var = np.clip(diag, 0.0, None)
-    factors = np.zeros((n, rounds))  # posterior variance = diag(K) − Σ_j factors[:, j]²
-    chosen, value, online = [], 0.0, math.inf
-    for s in range(rounds):
-        gains = 0.5 * np.log1p(var / noise)
-        online = min(online, value + rounds * float(gains.max()))
-        p = int(np.argmax(gains))
-        value += float(gains[p])
-        factors[:, s] = (column(p) - factors[:, :s] @ factors[p, :s]) / math.sqrt(var[p] + noise)
-        var = np.clip(var - factors[:, s] ** 2, 0.0, None)
-        chosen.append(p)
-    online = min(online, value + rounds * float((0.5 * np.log1p(var / noise)).max()))
-    k_chosen = np.stack([column(p)[chosen] for p in chosen], axis=1)
-    value = max(value, information_gain(k_chosen, noise))  # F(S_T) two ways: take the larger
-    bounds = [value / (1.0 - (1.0 - 1.0 / rounds) ** rounds), online]
-    if full is not None and n <= 1000:
-        eig = np.clip(np.linalg.eigvalsh((full + full.T) / 2.0), 0.0, None)
-        bounds.append(0.5 * float(np.log1p(rounds * eig / noise).sum()))
-    return round_up(min(bounds)) + 1e-12
 
 
 # ---------------------------------------------------------------------------- Algorithm 1
@@ -373,7 +233,8 @@ def algorithm1_bounds(
     Args:
         n_candidates: |Λ|. num_trials: T. epsilon, delta: (ε, δ) of *each* release.
         k1: k1(V, V') ∈ [0, 1]. noise_variance: σ² > 0 in GP units.
-        gamma_bound: an upper bound on γ_T (:func:`max_information_gain_bound`).
+        gamma_bound: an upper bound on γ_T
+            (:func:`~ray_dptune.accounting.information_gain.max_information_gain_bound`).
         release: "config" (λ̃ only: β_t on δ), "score" or "both" (β_t on δ/2).
     """
     n, t = check_count("n_candidates", n_candidates), check_count("num_trials", num_trials)
@@ -386,13 +247,13 @@ def algorithm1_bounds(
         raise ValueError(f"release must be 'both', 'config' or 'score', got {release!r}.")
     delta_beta = delta if release == "config" else delta / 2.0
     beta_t_, beta_next = beta_t(t, n, delta=delta_beta), beta_t(t + 1, n, delta=delta_beta)
-    c = dataset_shift_bound(k1, n, delta / 3.0)
+    c = dataset_shift_bound(k1, n, failure=delta / 3.0)
     lemma51_failure = 2.0 * 3.0 * delta_beta / ((t + 1) ** 2 * math.pi**2)  # both datasets, time T + 1
     if lemma51_failure + delta / 3.0 > delta:  # cannot happen (≤ 0.16δ + δ/3): guards edits of this code
         raise PrivacyError(f"Theorem 1's union bound exceeds delta = {delta}.")
     c1 = srinivas_c1(sigma2)
     regret = round_up(math.sqrt(_product(c1, beta_t_, gamma) / t))
-    c_score = dataset_shift_bound(k1, n, delta / 4.0)
+    c_score = dataset_shift_bound(k1, n, failure=delta / 4.0)
     q_score = round_up(2.0 * math.sqrt(sigma2) * math.sqrt(2.0 * _log_quotient((2.0, t), delta / 4.0)))
     score_sensitivity = round_up(regret + c_score + q_score)
     return Algorithm1Bounds(
@@ -429,7 +290,7 @@ def paper_algorithm1_laplace_scale(
     epsilon, gamma = check_positive("epsilon", epsilon), validate.non_negative("gamma", gamma)
     noise_variance = check_positive("noise_variance", noise_variance)
     beta = beta_t(t, n_candidates, delta=delta)
-    c = dataset_shift_bound(k1, n_candidates, delta / 3.0)
+    c = dataset_shift_bound(k1, n_candidates, failure=delta / 3.0)
     q = math.sqrt(noise_variance) * math.sqrt(4.0 * _log_quotient((3.0,), delta))
     return (math.sqrt(_product(srinivas_c1(noise_variance), beta, gamma)) / math.sqrt(t) + c + q) / epsilon
 
