@@ -98,8 +98,10 @@ class Setting:
     def ours_base(self, orders: np.ndarray | None = None) -> RDPCurve:
         """Our RDP curve of one run (``orders=None``: our default grid)."""
         if self.is_gaussian:
-            return RDPCurve.gaussian(self.sigma, orders=orders)
-        return RDPCurve.subsampled_gaussian(self.sample_rate, self.sigma, self.steps, orders=orders)
+            return RDPCurve.gaussian(noise_multiplier=self.sigma, orders=orders)
+        return RDPCurve.subsampled_gaussian(
+            sample_rate=self.sample_rate, noise_multiplier=self.sigma, steps=self.steps, orders=orders
+        )
 
     def dp_event(self) -> dp_event.DpEvent:
         """dp_accounting's event for one run."""
@@ -167,7 +169,7 @@ def epsilon_dp_accounting_with_atom(case: Case) -> float:
 def epsilon_ours(case: Case, orders: np.ndarray | None = None, generic: bool = False) -> float:
     """Ours: build the base curve and the law, repeat-and-select, ε."""
     curve = repeat_and_select(case.setting.ours_base(orders), case.ours_law(), generic=generic)
-    return curve.epsilon(case.setting.delta)
+    return curve.epsilon(delta=case.setting.delta)
 
 
 def epsilon_exact_profile(case: Case) -> float | None:
@@ -175,8 +177,8 @@ def epsilon_exact_profile(case: Case) -> float | None:
     if not (case.is_poisson and case.setting.is_gaussian):
         return None
     base = case.setting.ours_base()
-    curve = repeat_and_select(base, case.ours_law(), base_delta=gaussian_profile(case.setting.sigma))
-    return curve.epsilon(case.setting.delta)
+    curve = repeat_and_select(base, case.ours_law(), base_delta=gaussian_profile(noise_multiplier=case.setting.sigma))
+    return curve.epsilon(delta=case.setting.delta)
 
 
 # ---------------------------------------------------------------------------- timing
@@ -282,8 +284,13 @@ class Row:
 
     def to_dict(self) -> dict:
         record = dataclasses.asdict(self)
-        record.update(same_ok=self.same_ok, ratio_ours=self.ratio_ours, ratio_generic=self.ratio_generic,
-                      generic_gain=self.generic_gain, same_vs_dp=self.eps_same / self.eps_dp - 1.0)
+        record.update(
+            same_ok=self.same_ok,
+            ratio_ours=self.ratio_ours,
+            ratio_generic=self.ratio_generic,
+            generic_gain=self.generic_gain,
+            same_vs_dp=self.eps_same / self.eps_dp - 1.0,
+        )
         return record
 
 
@@ -345,8 +352,15 @@ def summarize(rows: list[Row]) -> dict:
     summary = {
         "rows": len(rows),
         "same_base_violations": [
-            {"setting": r.setting, "law": r.law, "mean": r.mean_requested, "eps_same": r.eps_same,
-             "eps_dp": r.eps_dp, "eps_dp_atom": r.eps_dp_atom, "excess": r.eps_same / r.eps_dp_atom - 1.0}
+            {
+                "setting": r.setting,
+                "law": r.law,
+                "mean": r.mean_requested,
+                "eps_same": r.eps_same,
+                "eps_dp": r.eps_dp,
+                "eps_dp_atom": r.eps_dp_atom,
+                "excess": r.eps_same / r.eps_dp_atom - 1.0,
+            }
             for r in violations
         ],
         "max_same_vs_dp": max(r.eps_same / r.eps_dp - 1.0 for r in rows),
@@ -356,8 +370,11 @@ def summarize(rows: list[Row]) -> dict:
         "exact_poisson_mu10_dp": None if exact is None else exact.eps_dp,
         "exact_ok": None if exact is None else exact.eps_exact <= EXACT_PROFILE_LIMIT,
     }
-    for scope, subset in [("all", rows), ("zcdp", [r for r in rows if r.family == "zcdp"]),
-                          ("dpsgd", [r for r in rows if r.family == "dpsgd"])]:
+    for scope, subset in [
+        ("all", rows),
+        ("zcdp", [r for r in rows if r.family == "zcdp"]),
+        ("dpsgd", [r for r in rows if r.family == "dpsgd"]),
+    ]:
         summary[scope] = {
             "median_ratio_ours": _median([r.ratio_ours for r in subset]),
             "median_ratio_same": _median([r.time_same / r.time_dp for r in subset]),
@@ -376,10 +393,16 @@ def git_commit() -> str:
     """HEAD of the repository, with "+ local changes" when the benchmarked modules differ from it."""
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", *BENCHMARKED_PATHS], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", *BENCHMARKED_PATHS],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{head} + local changes" if dirty else head
@@ -473,8 +496,10 @@ def summary_lines(summary: dict) -> list[str]:
         f"(the atom, at most {_rel(summary['max_atom_correction'])}), median {_rel(summary['all']['median_same_vs_dp'])}.",
     ]
     for v in violations:
-        lines.append(f"  - VIOLATION {v['setting']}, {v['law']}, E[K]={v['mean']:g}: "
-                     f"ε_ours_same = {v['eps_same']:.10g} > ε_dp + atom = {v['eps_dp_atom']:.10g} ({_rel(v['excess'])})")
+        lines.append(
+            f"  - VIOLATION {v['setting']}, {v['law']}, E[K]={v['mean']:g}: "
+            f"ε_ours_same = {v['eps_same']:.10g} > ε_dp + atom = {v['eps_dp_atom']:.10g} ({_rel(v['excess'])})"
+        )
     if summary["exact_poisson_mu10"] is not None:
         lines.append(
             f"- Criterion 2, Poisson E[K]=10 on 0.1-zCDP with the exact Gaussian profile, ε(1e-6) ≤ "
@@ -485,16 +510,22 @@ def summary_lines(summary: dict) -> list[str]:
     lines.append(
         f"- Criterion 3, median time ratio ours default / dp_accounting ≤ 1: {overall['median_ratio_ours']:.3g} "
         f"**{'PASS' if summary['timing_ok'] else 'FAIL'}** (0.1-zCDP rows {summary['zcdp']['median_ratio_ours']:.3g}"
-        + (f", DP-SGD rows {summary['dpsgd']['median_ratio_ours']:.3g}" if summary["dpsgd"]["median_ratio_ours"]
-           else "")
+        + (
+            f", DP-SGD rows {summary['dpsgd']['median_ratio_ours']:.3g}"
+            if summary["dpsgd"]["median_ratio_ours"]
+            else ""
+        )
         + f"; ours on dp_accounting's orders {overall['median_ratio_same']:.3g})."
     )
     lines.append(f"- Median time ratio ours generic / dp_accounting: {overall['median_ratio_generic']:.3g}.")
     lines.append(
         f"- ε gain of generic over default (1 − ε_generic/ε_ours): median {_pct(overall['median_generic_gain'])}, "
         f"max {_pct(overall['max_generic_gain'])} (0.1-zCDP median {_pct(summary['zcdp']['median_generic_gain'])}"
-        + (f", DP-SGD median {_pct(summary['dpsgd']['median_generic_gain'])}"
-           if summary["dpsgd"]["median_generic_gain"] is not None else "")
+        + (
+            f", DP-SGD median {_pct(summary['dpsgd']['median_generic_gain'])}"
+            if summary["dpsgd"]["median_generic_gain"] is not None
+            else ""
+        )
         + ")."
     )
     lines.append(f"- Median ε_ours/ε_dp − 1 (our default orders vs theirs): {_rel(overall['median_ours_vs_dp'])}.")
@@ -535,8 +566,10 @@ def markdown(rows: list[Row], summary: dict, env: dict) -> str:
         f"the order then gets no bound) during the run: {env['dp_accounting_convergence_warnings']} "
         "(silenced and counted).",
     ]
-    for family, title in [("zcdp", "0.1-zCDP base (P&S Figure 4), δ = 1e-6"),
-                          ("dpsgd", "DP-SGD bases (q = 0.01, T = 1000 steps), δ = 1e-5")]:
+    for family, title in [
+        ("zcdp", "0.1-zCDP base (P&S Figure 4), δ = 1e-6"),
+        ("dpsgd", "DP-SGD bases (q = 0.01, T = 1000 steps), δ = 1e-5"),
+    ]:
         subset = [r for r in rows if r.family == family]
         if subset:
             out += ["", f"## ε: {title}", "", *epsilon_table(subset)]
@@ -548,8 +581,12 @@ def markdown(rows: list[Row], summary: dict, env: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer means and repeats (CI smoke run)")
-    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR,
-                        help="where accounting.{md,json} go (accounting-quick.* with --quick)")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=RESULTS_DIR,
+        help="where accounting.{md,json} go (accounting-quick.* with --quick)",
+    )
     return parser.parse_args(argv)
 
 
@@ -573,9 +610,12 @@ def main(argv: list[str] | None = None) -> int:
     for index, case in enumerate(cases, 1):
         rows.append(measure(case, policies))
         r = rows[-1]
-        print(f"[{index:2d}/{len(cases)}] {r.setting:28s} {r.law:16s} E[K]={r.mean_requested:<6g} "
-              f"dp={r.eps_dp:.4f} same={r.eps_same:.4f} ours={r.eps_ours:.4f} generic={r.eps_generic:.4f} "
-              f"t_ours/t_dp={r.ratio_ours:.3g}", flush=True)
+        print(
+            f"[{index:2d}/{len(cases)}] {r.setting:28s} {r.law:16s} E[K]={r.mean_requested:<6g} "
+            f"dp={r.eps_dp:.4f} same={r.eps_same:.4f} ours={r.eps_ours:.4f} generic={r.eps_generic:.4f} "
+            f"t_ours/t_dp={r.ratio_ours:.3g}",
+            flush=True,
+        )
     elapsed = time.perf_counter() - start
 
     summary = summarize(rows)
@@ -585,8 +625,10 @@ def main(argv: list[str] | None = None) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     md_path, json_path = args.output_dir / f"{stem}.md", args.output_dir / f"{stem}.json"
     md_path.write_text(markdown(rows, summary, env), encoding="utf-8")
-    json_path.write_text(json.dumps({"environment": env, "summary": summary,
-                                     "rows": [r.to_dict() for r in rows]}, indent=2) + "\n", encoding="utf-8")
+    json_path.write_text(
+        json.dumps({"environment": env, "summary": summary, "rows": [r.to_dict() for r in rows]}, indent=2) + "\n",
+        encoding="utf-8",
+    )
 
     print(f"\n{len(rows)} rows in {elapsed:.0f} s; wrote {md_path} and {json_path}")
     print("\n".join(summary_lines(summary)))

@@ -45,8 +45,12 @@ def drive_hooks(trials: int, ledger: PrivacyLedger | None) -> tuple[list[float],
         start = time.perf_counter()
         callback.on_trial_start(0, [], trial)
         for epoch in range(1, 5):
-            spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, PLAN.steps * epoch // 4)
-            callback.on_trial_result(0, [], trial, {"val_acc": 0.5, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
+            spent = TrialSpend(
+                sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=PLAN.steps * epoch // 4
+            )
+            callback.on_trial_result(
+                0, [], trial, {"val_acc": 0.5, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()}
+            )
         callback.on_trial_complete(0, [], trial)
         seconds.append(time.perf_counter() - start)
         memory.append(tracemalloc.get_traced_memory()[0])
@@ -54,7 +58,12 @@ def drive_hooks(trials: int, ledger: PrivacyLedger | None) -> tuple[list[float],
 
 
 def hooks_part(trials: int) -> list[str]:
-    lines = ["## Part 1: the callback's hooks, no Ray", "", "| set-up | median ms / trial | p90 ms / trial | memory growth / trial |", "|---|--:|--:|--:|"]
+    lines = [
+        "## Part 1: the callback's hooks, no Ray",
+        "",
+        "| set-up | median ms / trial | p90 ms / trial | memory growth / trial |",
+        "|---|--:|--:|--:|",
+    ]
     with tempfile.TemporaryDirectory() as folder:
         for name, ledger in (("callback", None), ("callback + SQLite ledger", PrivacyLedger(Path(folder) / "l.db"))):
             tracemalloc.start()
@@ -63,7 +72,9 @@ def hooks_part(trials: int) -> list[str]:
             ms = sorted(1e3 * s for s in seconds)
             half = trials // 2
             growth = (memory[-1] - memory[half]) / (trials - half)
-            lines.append(f"| {name} | {statistics.median(ms):.3f} | {ms[int(0.9 * len(ms))]:.3f} | {growth / 1024:.1f} KiB |")
+            lines.append(
+                f"| {name} | {statistics.median(ms):.3f} | {ms[int(0.9 * len(ms))]:.3f} | {growth / 1024:.1f} KiB |"
+            )
             print(lines[-1], flush=True)
     return lines
 

@@ -216,18 +216,21 @@ def epsilons(meta: dict[str, Any], gammas: list[float]) -> dict[str, Any]:
 
     cal = meta["calibration"]
     q, steps = cal["sample_rate"], cal["steps"]
-    hypo, uniform = TrialSpend(q, cal["sigma_hypo"], steps), TrialSpend(q, cal["sigma_uniform"], steps)
+    hypo, uniform = (
+        TrialSpend(sample_rate=q, noise_multiplier=cal["sigma_hypo"], steps=steps),
+        TrialSpend(sample_rate=q, noise_multiplier=cal["sigma_uniform"], steps=steps),
+    )
     rows = {}
     for gamma in sorted({*gammas, cal["law"]["gamma"]}):
         law = Geometric(gamma)
         rows[gamma] = (
-            search_epsilon(hypo, law, DELTA, density_ratio=UPPER / LOWER),
-            search_epsilon(uniform, law, DELTA),
+            search_epsilon(hypo, law=law, delta=DELTA, density_ratio=UPPER / LOWER),
+            search_epsilon(uniform, law=law, delta=DELTA),
         )
     return {
         "per_gamma": rows,
-        "one_trial": (hypo.curve().epsilon(DELTA), uniform.curve().epsilon(DELTA)),
-        "hypo_no_adaptivity": search_epsilon(hypo, Geometric(cal["law"]["gamma"]), DELTA),
+        "one_trial": (hypo.curve().epsilon(delta=DELTA), uniform.curve().epsilon(delta=DELTA)),
+        "hypo_no_adaptivity": search_epsilon(hypo, law=Geometric(cal["law"]["gamma"]), delta=DELTA),
     }
 
 
@@ -397,9 +400,10 @@ def render(args, argv, meta, arrays, landscapes, trials, hypo, uniform, seconds,
         (
             "Both searches must end at the same total (ε, δ). DP-HyPO's bound (Theorem 1, `repeat_and_select(..., "
             f"density_ratio=C/c = {UPPER:g}/{LOWER:g} = {UPPER / LOWER:.4f})`) charges for adaptivity, so at the same total "
-            "ε its trials need more noise. Both σ were calibrated with `calibrate_noise_multiplier(target_epsilon="
-            f"{cal['target_epsilon']:g}, delta={DELTA:g}, Geometric(γ={cal['law']['gamma']:g}) (E[T] = "
-            f"{cal['mean_trials']:.0f}), sample_rate={cal['sample_rate']:.6f}, steps={cal['steps']}, density_ratio=…)`:"
+            "ε its trials need more noise. Both σ were calibrated with `calibrate_noise_multiplier(plan_for, epsilon="
+            f"{cal['target_epsilon']:g}, delta={DELTA:g}, law=Geometric(γ={cal['law']['gamma']:g}) (E[T] = "
+            f"{cal['mean_trials']:.0f}), density_ratio=…)` for DP-SGD trials with sample_rate={cal['sample_rate']:.6f}, "
+            f"steps={cal['steps']}:"
         ),
         "",
         "| search | σ | total ε at γ = {g:g}, δ = 1e-5 | one trial's ε |".format(g=cal["law"]["gamma"]),

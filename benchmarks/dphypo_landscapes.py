@@ -79,12 +79,15 @@ def noise_multipliers(target_epsilon: float, mean_trials: float, batch_size: int
     sample_rate, steps_per_epoch = sampling_schedule(TRAIN_SIZE, batch_size)
     steps = epochs * steps_per_epoch
     ratio = UPPER / LOWER
-    sigma_hypo = calibrate_noise_multiplier(
-        target_epsilon, DELTA, law, sample_rate, steps, density_ratio=ratio, rtol=1e-4
-    )
-    sigma_uniform = calibrate_noise_multiplier(target_epsilon, DELTA, law, sample_rate, steps, rtol=1e-4)
-    eps_hypo = search_epsilon(TrialSpend(sample_rate, sigma_hypo, steps), law, DELTA, density_ratio=ratio)
-    eps_uniform = search_epsilon(TrialSpend(sample_rate, sigma_uniform, steps), law, DELTA)
+
+    def plan_for(sigma: float) -> TrialSpend:
+        return TrialSpend(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps)
+
+    budget = {"epsilon": target_epsilon, "delta": DELTA, "law": law}
+    sigma_hypo = calibrate_noise_multiplier(plan_for, **budget, density_ratio=ratio, rtol=1e-4)
+    sigma_uniform = calibrate_noise_multiplier(plan_for, **budget, rtol=1e-4)
+    eps_hypo = search_epsilon(plan_for(sigma_hypo), law=law, delta=DELTA, density_ratio=ratio)
+    eps_uniform = search_epsilon(plan_for(sigma_uniform), law=law, delta=DELTA)
     return {
         "law": law.to_dict(),
         "mean_trials": law.mean,

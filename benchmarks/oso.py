@@ -176,18 +176,22 @@ def calibrate(arms: list[Arm], args: argparse.Namespace) -> dict[float, dict[str
     """σ per E[K], with the whole-search and one-trial ε it gives."""
     from ray_dptune import Poisson, calibrate_noise_multiplier
     from ray_dptune.accounting.calibrate import search_epsilon
+    from ray_dptune.accounting.spend import TrialSpend
     from ray_dptune.training import PrivacyParams, trial_plan
 
     n_train = 1437
     out = {}
     for mean in sorted({arm.mean for arm in arms}):
-        shape = trial_plan(PrivacyParams(1.0, 64, args.epochs), n_train)
-        sigma = calibrate_noise_multiplier(args.epsilon, args.delta, Poisson(mean), shape.sample_rate, shape.steps)
-        plan = trial_plan(PrivacyParams(sigma, 64, args.epochs), n_train)
+
+        def plan_for(sigma: float) -> TrialSpend:
+            return trial_plan(PrivacyParams(noise_multiplier=sigma, batch_size=64, epochs=args.epochs), n_train)
+
+        sigma = calibrate_noise_multiplier(plan_for, epsilon=args.epsilon, delta=args.delta, law=Poisson(mean))
+        plan = plan_for(sigma)
         out[mean] = {
             "sigma": sigma,
-            "search_epsilon": search_epsilon(plan, Poisson(mean), args.delta),
-            "trial_epsilon": plan.curve().epsilon(args.delta),
+            "search_epsilon": search_epsilon(plan, law=Poisson(mean), delta=args.delta),
+            "trial_epsilon": plan.curve().epsilon(delta=args.delta),
             "steps": plan.steps,
             "sample_rate": plan.sample_rate,
         }
@@ -342,8 +346,8 @@ def render(arms, sigmas, summary, args, runtime, provenance) -> str:
             f"seed {args.seed}."
         ),
         (
-            f"* Privacy: σ per trial from `calibrate_noise_multiplier(target_epsilon={args.epsilon}, delta={args.delta}, "
-            "Poisson(E[K]), q, steps)`, so that the whole search (`repeat_and_select`, Papernot & Steinke Thm 6) meets "
+            f"* Privacy: σ per trial from `calibrate_noise_multiplier(plan_for, epsilon={args.epsilon}, delta={args.delta}, "
+            "law=Poisson(E[K]))` for the trials' DP-SGD (q, steps), so that the whole search (`repeat_and_select`, Papernot & Steinke Thm 6) meets "
             "the target; every clipping mode is accounted as DP-SGD at σ (OSO by Galli et al.'s Proposition 1, "
             "quantile by Andrew et al.'s Theorem 1 with the count of sensitivity ½)."
         ),

@@ -49,7 +49,13 @@ from ray_dptune.accounting.account import Guarantee, Mechanism, SearchAccount
 from ray_dptune.ledger import PrivacyLedger
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-BENCHMARKED_PATHS = ("ray_dptune/ledger.py", "ray_dptune/store.py", "ray_dptune/accounting", "ray_dptune/callbacks.py", "ray_dptune/journal.py")
+BENCHMARKED_PATHS = (
+    "ray_dptune/ledger.py",
+    "ray_dptune/store.py",
+    "ray_dptune/accounting",
+    "ray_dptune/callbacks.py",
+    "ray_dptune/journal.py",
+)
 DATASET = "bench"
 DELTA = 1e-5
 PLAN = TrialSpend(sample_rate=0.045, noise_multiplier=2.49, steps=336)  # as benchmarks/callback_overhead.py
@@ -188,6 +194,7 @@ LEDGER_COLUMNS = [
     ("ε total", "epsilon_total", ".2f"),
 ]
 
+
 def driver_hook_seconds(trials: int, folder: Path) -> list[float]:
     """Seconds per trial in the accountant's hooks, as Tune calls them, with its journal and live printing."""
     from ray import tune
@@ -207,7 +214,9 @@ def driver_hook_seconds(trials: int, folder: Path) -> list[float]:
             searcher.suggest(trial.trial_id)
             callback.on_trial_start(0, [], trial)
             for epoch in range(1, 5):
-                spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, PLAN.steps * epoch // 4)
+                spent = TrialSpend(
+                    sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=PLAN.steps * epoch // 4
+                )
                 result = {"val_acc": 0.5, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()}
                 callback.on_trial_result(0, [], trial, result)
             callback.on_trial_complete(0, [], trial)
@@ -274,7 +283,10 @@ def git_commit() -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--", *BENCHMARKED_PATHS],
-            cwd=root, capture_output=True, text=True, check=True,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

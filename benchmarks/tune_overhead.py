@@ -38,7 +38,9 @@ def trainable(config):
     """A trial of EPOCHS reports, each after a short sleep (stands in for an epoch)."""
     for epoch in range(1, EPOCHS + 1):
         time.sleep(0.05)
-        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, PLAN.steps * epoch // EPOCHS)
+        spent = TrialSpend(
+            sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=PLAN.steps * epoch // EPOCHS
+        )
         tune.report({"val_acc": config["lr"] / (1 + epoch), "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
 
 

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         metric="val_acc",
         seed=args.seed,
     )
-    rounds = svt_curve(args.epsilon_round, searcher.max_rounds)
+    rounds = svt_curve(epsilon=args.epsilon_round, rounds=searcher.max_rounds)
     k_eps = args.partitions * args.epsilon_round
     print(
         f"{len(searcher.candidates)} candidates × {args.partitions} parts = {searcher.num_trials - 1} partition "
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"Guarantee for the whole search: (ε = {released.guarantee['epsilon']:.3f}, δ = {args.delta:g})")
     print(
-        f"  of which SVT rounds alone: ε = {rounds.epsilon(args.delta):.3f}; "
-        f"final DP-SGD alone: ε = {plan.curve().epsilon(args.delta):.3f}"
+        f"  of which SVT rounds alone: ε = {rounds.epsilon(delta=args.delta):.3f}; "
+        f"final DP-SGD alone: ε = {plan.curve().epsilon(delta=args.delta):.3f}"
     )
     return 0
 

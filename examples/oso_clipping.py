@@ -24,14 +24,7 @@ import tempfile
 import ray
 from ray import tune
 
-from ray_dptune import (
-    Poisson,
-    PrivacyAccountantCallback,
-    RandomCountSearcher,
-    calibrate_noise_multiplier,
-    private_tune_config,
-    release_best,
-)
+from ray_dptune import Poisson, RandomCountSearcher, private_tuner, release_best
 from ray_dptune.training import TrainState, digits_cnn, digits_data, dp_trainable
 
 SPACE = {
@@ -59,26 +52,20 @@ def main(argv: list[str] | None = None) -> int:
     law = Poisson(args.mean)
     space = {**SPACE, "oso_rho_c": args.rate, "oso_rho_r": args.rate}
 
-    # σ for the whole search: the plan's shape (q, steps) from the trainable, σ from the calibration.
-    shape = dp_trainable(
-        digits_cnn, digits_data, noise_multiplier=1.0, batch_size=args.batch_size, epochs=args.epochs
-    ).privacy_plan(space)
-    sigma = calibrate_noise_multiplier(args.epsilon, args.delta, law, shape.sample_rate, shape.steps)
-    trainable = dp_trainable(
-        digits_cnn, digits_data, noise_multiplier=sigma, batch_size=args.batch_size, epochs=args.epochs
-    )
-    plan = trainable.privacy_plan(space)  # the same as fixed clipping's at σ
-    print(f"OSO-DPSGD: q = {plan.sample_rate:.4f}, {plan.steps} steps, σ = {sigma:.3f} for K ~ Poisson({args.mean:g})")
+    trainable = dp_trainable(digits_cnn, digits_data, batch_size=args.batch_size, epochs=args.epochs)
 
     ray.init(log_to_driver=False)
     searcher = RandomCountSearcher(law, metric="val_acc", mode="max", seed=args.seed)
-    accountant = PrivacyAccountantCallback(searcher, delta=args.delta, plan=plan, target_epsilon=args.epsilon)
     with tempfile.TemporaryDirectory() as scratch:
-        tuner = tune.Tuner(
+        # σ is calibrated for the whole search; OSO's noise split costs one DP-SGD step at σ, so the plan is DP-SGD's.
+        tuner = private_tuner(
             trainable,
             param_space=space,
-            tune_config=private_tune_config(searcher, max_concurrent_trials=args.concurrency),
-            run_config=tune.RunConfig(name="dp_oso", storage_path=scratch, callbacks=[accountant], verbose=0),
+            epsilon=args.epsilon,
+            delta=args.delta,
+            searcher=searcher,
+            tune_config=tune.TuneConfig(max_concurrent_trials=args.concurrency),
+            run_config=tune.RunConfig(name="dp_oso", storage_path=scratch, verbose=0),
         )
         released = release_best(tuner.fit())
         print()
@@ -90,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"Released trial: ρ_0 = {released.config['lr']:.4g}, C_0 = {released.config['max_grad_norm']:g}; "
             f"after training ρ_T = {math.exp(learned['log_lr']):.4g}, C_T = {math.exp(learned['log_clip']):.4g}; "
-            f"val_acc = {released.score:.3f}"
+            f"val_acc = {released.score:.3f}; σ = {released.config['noise_multiplier']:.3f} (calibrated)"
         )
     print(f"Guarantee for the whole search: (ε = {released.guarantee['epsilon']:.3f}, δ = {args.delta:g})")
     return 0

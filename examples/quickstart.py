@@ -80,8 +80,8 @@ def print_summary(released, results, trainable, num_trials: int, args: argparse.
         return
     sigma = results[0].config["noise_multiplier"]
     plan = trainable.privacy_plan({**SPACE, "noise_multiplier": sigma})
-    one_trial = plan.curve().epsilon(args.delta)
-    composed = repeat_and_select(plan.curve(), PointMass(num_trials)).epsilon(args.delta)
+    one_trial = plan.curve().epsilon(delta=args.delta)
+    composed = repeat_and_select(plan.curve(), PointMass(num_trials)).epsilon(delta=args.delta)
     print(f"DP-SGD: q = {plan.sample_rate:.4f}, {plan.steps} steps, σ = {sigma:.3f} (calibrated by private_tuner)")
     print(
         f"Released trial: lr = {released.config['lr']:.4g}, max_grad_norm = {released.config['max_grad_norm']:.4g}, "

@@ -161,7 +161,7 @@ def make_law(name: str, mean: float, eta: float = 0.0) -> RunCountDistribution:
 
 def theoretical_epsilon(sigma: float, law: RunCountDistribution, delta: float) -> float:
     """ε at δ of the whole search (P&S Thm 2 / Thm 6) for a sensitivity-1 Gaussian score."""
-    return repeat_and_select(RDPCurve.gaussian(sigma), law).epsilon(delta)
+    return repeat_and_select(RDPCurve.gaussian(noise_multiplier=sigma), law).epsilon(delta=delta)
 
 
 def private_selection(accuracies: np.ndarray, sigma: float, law: RunCountDistribution, rng) -> int:

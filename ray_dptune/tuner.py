@@ -10,7 +10,7 @@ from typing import Any
 from ray import tune
 
 from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.calibrate import calibrate
+from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.callbacks import PrivacyAccountantCallback
 from ray_dptune.distributions import RunCountDistribution
@@ -89,7 +89,7 @@ def private_tuner(
         raise ValueError(f"param_space must not set {NOISE_KEY!r}: private_tuner calibrates it for the budget.")
     tuning = _tune_config(searcher, tune_config, metric=metric, mode=mode)  # cheap checks before calibrating
     plan_for = _plan_factory(trainable, dict(param_space), searcher)
-    sigma = calibrate(plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic)
+    sigma = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic)
     plan = plan_for(sigma)
     spent = SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic).guarantee().epsilon
     if spent > epsilon:  # calibrate returns the safe end; this is the account's own word on it

@@ -31,6 +31,7 @@ FAST_MODULES = {
     "test_imports.py",
     "test_journal.py",
     "test_fuzz.py",
+    "test_codebase.py",
 }
 """Pure-math and bookkeeping modules: ``pytest -m fast`` runs their tests not marked slow, in seconds."""
 

@@ -56,7 +56,9 @@ def fake_trainable(config):
     side_log(config["side_file"], f"start {trial_id}")
     for report in range(1, REPORTS + 1):
         time.sleep(0.25)
-        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, PLAN.steps * report // REPORTS)
+        spent = TrialSpend(
+            sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=PLAN.steps * report // REPORTS
+        )
         tune.report({"score": config["x"], "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
     side_log(config["side_file"], f"done {trial_id}")
 

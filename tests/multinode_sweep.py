@@ -38,7 +38,9 @@ def trainable(config):
     (marker_dir / f"{tune.get_context().get_trial_id()}-{node}-{time.time_ns()}").touch()
     for epoch in range(1, EPOCHS + 1):
         time.sleep(0.5)
-        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, PLAN.steps * epoch // EPOCHS)
+        spent = TrialSpend(
+            sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=PLAN.steps * epoch // EPOCHS
+        )
         tune.report({"score": config["x"], "node": node, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
     (marker_dir / f"finished-{tune.get_context().get_trial_id()}").touch()
 

@@ -5,26 +5,41 @@ import pytest
 
 from ray_dptune import PointMass, Poisson, PrivacyError, TrialSpend, TruncatedNegativeBinomial
 from ray_dptune.accounting import RDPCurve
+from ray_dptune.accounting.account import Mechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.spend import curve_from_report
 
 
 def test_spend_curve_composes_training_and_noisy_scores():
-    spend = TrialSpend(0.02, 1.1, 300, score_noise_multiplier=5.0, score_releases=3)
-    expected = RDPCurve.subsampled_gaussian(0.02, 1.1, 300) + 3 * RDPCurve.gaussian(5.0)
+    spend = TrialSpend(sample_rate=0.02, noise_multiplier=1.1, steps=300, score_noise_multiplier=5.0, score_releases=3)
+    expected = RDPCurve.subsampled_gaussian(sample_rate=0.02, noise_multiplier=1.1, steps=300) + 3 * RDPCurve.gaussian(
+        noise_multiplier=5.0
+    )
     np.testing.assert_allclose(spend.curve().epsilons, expected.epsilons)
     assert TrialSpend.from_dict(spend.to_dict()) == spend
     assert curve_from_report(spend.to_dict()) == spend.curve()
-    assert curve_from_report(RDPCurve.gaussian(2.0).to_dict()) == RDPCurve.gaussian(2.0)
+    assert curve_from_report(RDPCurve.gaussian(noise_multiplier=2.0).to_dict()) == RDPCurve.gaussian(
+        noise_multiplier=2.0
+    )
 
 
 def test_covers_compares_what_a_trial_may_spend():
-    plan = TrialSpend(0.02, 1.1, 300, score_noise_multiplier=5.0, score_releases=3)
-    assert plan.covers(TrialSpend(0.02, 1.1, 120, score_noise_multiplier=5.0, score_releases=1))
-    assert not plan.covers(TrialSpend(0.02, 1.1, 301, score_noise_multiplier=5.0, score_releases=3))
-    assert not plan.covers(TrialSpend(0.02, 1.1, 300, score_noise_multiplier=5.0, score_releases=4))
-    assert plan.covers(TrialSpend(0.02, 2.0, 300))  # more noise, no scores: fewer ε at every order
-    assert not TrialSpend(0.02, 2.0, 300).covers(TrialSpend(0.02, 1.1, 300))
+    plan = TrialSpend(sample_rate=0.02, noise_multiplier=1.1, steps=300, score_noise_multiplier=5.0, score_releases=3)
+    assert plan.covers(
+        TrialSpend(sample_rate=0.02, noise_multiplier=1.1, steps=120, score_noise_multiplier=5.0, score_releases=1)
+    )
+    assert not plan.covers(
+        TrialSpend(sample_rate=0.02, noise_multiplier=1.1, steps=301, score_noise_multiplier=5.0, score_releases=3)
+    )
+    assert not plan.covers(
+        TrialSpend(sample_rate=0.02, noise_multiplier=1.1, steps=300, score_noise_multiplier=5.0, score_releases=4)
+    )
+    assert plan.covers(
+        TrialSpend(sample_rate=0.02, noise_multiplier=2.0, steps=300)
+    )  # more noise, no scores: fewer ε at every order
+    assert not TrialSpend(sample_rate=0.02, noise_multiplier=2.0, steps=300).covers(
+        TrialSpend(sample_rate=0.02, noise_multiplier=1.1, steps=300)
+    )
 
 
 @pytest.mark.parametrize(
@@ -46,29 +61,50 @@ def test_malformed_spend_records_raise(record, message):
         TrialSpend.from_dict(record)
 
 
+def dpsgd(q: float, steps: int, **scores):
+    """The plan factory of a DP-SGD trial with sample rate q and ``steps`` steps."""
+    return lambda sigma: TrialSpend(sample_rate=q, noise_multiplier=sigma, steps=steps, **scores)
+
+
 @pytest.mark.parametrize("law", [Poisson(8.0), TruncatedNegativeBinomial.from_mean(0.5, 8.0), PointMass(1)], ids=repr)
 def test_calibration_meets_the_target_on_the_safe_side(law):
-    target, delta, q, steps = 3.0, 1e-5, 64 / 1437, 336
-    sigma = calibrate_noise_multiplier(target, delta, law, q, steps, rtol=1e-3)
-    assert search_epsilon(TrialSpend(q, sigma, steps), law, delta) <= target
-    assert search_epsilon(TrialSpend(q, sigma * (1 - 2e-3), steps), law, delta) > target
+    target, delta, plan_for = 3.0, 1e-5, dpsgd(64 / 1437, 336)
+    sigma = calibrate_noise_multiplier(plan_for, epsilon=target, delta=delta, law=law, rtol=1e-3)
+    assert search_epsilon(plan_for(sigma), law=law, delta=delta) <= target
+    assert search_epsilon(plan_for(sigma * (1 - 2e-3)), law=law, delta=delta) > target
+
+
+def test_calibration_with_a_mechanism_equals_the_law_it_declares():
+    law, plan_for = TruncatedNegativeBinomial.from_mean(1.0, 8.0), dpsgd(0.02, 200)
+    mechanism = Mechanism.random_count(law=law, num_trials=5, density_ratio=2.0)
+    by_mechanism = calibrate_noise_multiplier(plan_for, epsilon=4.0, delta=1e-6, mechanism=mechanism)
+    by_law = calibrate_noise_multiplier(plan_for, epsilon=4.0, delta=1e-6, law=law, density_ratio=2.0)
+    assert by_mechanism == by_law
+    assert by_law > calibrate_noise_multiplier(plan_for, epsilon=4.0, delta=1e-6, law=law)  # adaptivity costs noise
 
 
 def test_calibration_matches_the_anchor_and_opacus_for_one_run():
     """ANCHORS: total ε = 3 over Poisson(8) trials needs σ ≈ 2.49 (dp_accounting's bound)."""
-    sigma = calibrate_noise_multiplier(3.0, 1e-5, Poisson(8.0), 64 / 1437, 336)
+    sigma = calibrate_noise_multiplier(dpsgd(64 / 1437, 336), epsilon=3.0, delta=1e-5, law=Poisson(8.0))
     assert sigma <= 2.49 * 1.01
     get_noise_multiplier = pytest.importorskip("opacus.accountants.utils").get_noise_multiplier
     theirs = get_noise_multiplier(
         target_epsilon=3.0, target_delta=1e-5, sample_rate=64 / 1437, steps=336, accountant="rdp"
     )
-    ours = calibrate_noise_multiplier(3.0, 1e-5, PointMass(1), 64 / 1437, 336)
+    ours = calibrate_noise_multiplier(dpsgd(64 / 1437, 336), epsilon=3.0, delta=1e-5, law=PointMass(1))
     assert ours <= theirs * 1.01  # at least as tight as Opacus for one run (denser orders)
     assert ours == pytest.approx(theirs, rel=0.05)
 
 
-def test_unreachable_target_raises():
+def test_unreachable_target_or_bad_input_raises_before_any_search():
+    noisy_scores = dpsgd(0.01, 100, score_noise_multiplier=0.5, score_releases=10)
     with pytest.raises(PrivacyError, match="score releases"):
-        calibrate_noise_multiplier(0.1, 1e-5, Poisson(8.0), 0.01, 100, score_noise_multiplier=0.5, score_releases=10)
-    with pytest.raises(ValueError, match="target_epsilon"):
-        calibrate_noise_multiplier(-1.0, 1e-5, Poisson(8.0), 0.01, 100)
+        calibrate_noise_multiplier(noisy_scores, epsilon=0.1, delta=1e-5, law=Poisson(8.0))
+    with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
+        calibrate_noise_multiplier(dpsgd(0.01, 100), epsilon=-1.0, delta=1e-5, law=Poisson(8.0))
+    with pytest.raises(ValueError, match="delta must be > 0 and < 1"):
+        calibrate_noise_multiplier(dpsgd(0.01, 100), epsilon=1.0, delta=1.0, law=Poisson(8.0))
+    with pytest.raises(ValueError, match="exactly one of law= .* and mechanism="):
+        calibrate_noise_multiplier(dpsgd(0.01, 100), epsilon=1.0, delta=1e-5)
+    with pytest.raises(TypeError, match="plan_for"):
+        calibrate_noise_multiplier(2.0, epsilon=1.0, delta=1e-5, law=Poisson(8.0))

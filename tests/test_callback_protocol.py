@@ -11,8 +11,8 @@ from ray_dptune.accounting.account import Mechanism
 from ray_dptune.ledger import PrivacyLedger
 from ray_dptune.search.base import PrivateSearcher
 
-PLAN = TrialSpend(0.05, 1.5, 40)
-ROUNDS = RDPCurve.pure(0.1) * 5
+PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
+ROUNDS = RDPCurve.pure(epsilon=0.1) * 5
 
 
 class _ScreenThenTrain(PrivateSearcher):
@@ -73,7 +73,7 @@ def test_screening_trials_need_no_plan_and_their_failures_are_covered_by_the_sea
     accountant.on_trial_complete(0, [], final)
     guarantee = accountant.guarantee()
     assert guarantee["charged_attempts"] == 0
-    assert guarantee["epsilon"] == pytest.approx((ROUNDS + PLAN.curve()).epsilon(1e-5), rel=1e-12)
+    assert guarantee["epsilon"] == pytest.approx((ROUNDS + PLAN.curve()).epsilon(delta=1e-5), rel=1e-12)
     report = accountant.report().to_dict()
     assert report["unaccounted_trials"] == ["screen"]
     assert report["threat_model"] == _ScreenThenTrain.threat_model
@@ -124,7 +124,7 @@ def test_searchers_outside_the_protocol_are_refused_and_the_ledger_takes_every_m
     screened.on_trial_start(0, [], final)
     screened.on_trial_error(0, [], final)  # one failed final attempt: charged on top
     curve = ROUNDS + PLAN.curve() + PLAN.curve()
-    expected = curve.epsilon(1e-5 - 1e-6) + 2.0  # basic composition with the (2, 1e-6) release
+    expected = curve.epsilon(delta=1e-5 - 1e-6) + 2.0  # basic composition with the (2, 1e-6) release
     assert ledger.dataset_epsilon("d", delta=1e-5) == pytest.approx(expected, rel=1e-9)
 
 
@@ -157,15 +157,19 @@ def test_the_ledger_records_every_searcher_before_any_trial(tmp_path):
     expected = []
     for name, searcher in searchers.items():
         plan = None if name == "DPBOSearcher" else PLAN
-        accountant = PrivacyAccountantCallback(searcher, delta=1e-5, plan=plan, ledger=ledger, dataset="d", verbose=False)
+        accountant = PrivacyAccountantCallback(
+            searcher, delta=1e-5, plan=plan, ledger=ledger, dataset="d", verbose=False
+        )
         accountant.setup(num_samples=-1)
         expected.append(accountant.account.guarantee(if_stopped_now=True))
     recorded = {search["summary"]["searcher"]: search for search in ledger.searches("d")}
     assert set(recorded) == set(searchers)
     assert {recorded[name]["summary"]["mechanism"]["kind"] for name in recorded} == {
-        "random_count", "constant_overhead", "release"
+        "random_count",
+        "constant_overhead",
+        "release",
     }
     curve = expected[0].curve + expected[1].curve + expected[2].curve
     release = expected[3]
-    total = curve.epsilon(1e-5 - release.release_delta) + release.release_epsilon
+    total = curve.epsilon(delta=1e-5 - release.release_delta) + release.release_epsilon
     assert ledger.dataset_epsilon("d", delta=1e-5) == pytest.approx(total, rel=1e-9)

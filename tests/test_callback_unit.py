@@ -7,7 +7,7 @@ import pytest
 
 from ray_dptune import PointMass, PrivacyAccountantCallback, PrivacyError, RandomCountSearcher, TrialSpend
 
-PLAN = TrialSpend(0.05, 1.5, 40)
+PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 TRIAL = SimpleNamespace(trial_id="t1", config={"x": 0.5})
 
 
@@ -59,7 +59,7 @@ def test_a_trial_whose_plan_exceeds_the_search_plan_is_refused():
         RandomCountSearcher(PointMass(2), seed=0), delta=1e-5, plan=PLAN, verbose=False
     )
     accountant.on_trial_start(0, [], TRIAL)
-    bigger = TrialSpend(0.05, 1.5, 41).to_dict()
+    bigger = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=41).to_dict()
     with pytest.raises(PrivacyError, match="does not cover"):
         accountant.on_trial_result(0, [], TRIAL, {"dp_plan": bigger, "dp_spent": bigger})
 
@@ -82,13 +82,18 @@ def test_a_trial_that_spends_its_own_smaller_plan_is_not_an_early_stop():
         RandomCountSearcher(PointMass(2), seed=0), delta=1e-5, plan=PLAN, verbose=False
     )
     accountant.on_trial_start(0, [], TRIAL)
-    short = TrialSpend(0.05, 1.5, 20).to_dict()
+    short = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=20).to_dict()
     accountant.on_trial_result(0, [], TRIAL, {"dp_plan": short, "dp_spent": short})
     accountant.on_trial_complete(0, [], TRIAL)
     accountant.on_step_begin(0, [])  # no violation pending
     other = SimpleNamespace(trial_id="t2", config={})
     accountant.on_trial_start(0, [], other)
-    accountant.on_trial_result(0, [], other, {"dp_plan": short, "dp_spent": TrialSpend(0.05, 1.5, 10).to_dict()})
+    accountant.on_trial_result(
+        0,
+        [],
+        other,
+        {"dp_plan": short, "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10).to_dict()},
+    )
     accountant.on_trial_complete(0, [], other)
     with pytest.raises(PrivacyError, match="stopped early"):
         accountant.on_step_begin(0, [])

@@ -129,8 +129,12 @@ def test_quantile_split_composes_to_one_gaussian_at_nu(monkeypatch):
     optimizer.step()
     gradient_std, count_std = drawn  # what Opacus's add_noise drew
     gradient_multiplier, count_multiplier = gradient_std / clip, count_std / 0.5
-    assert gradient_multiplier == pytest.approx(quantile_gradient_noise_multiplier(nu, sigma_b))
-    composed = RDPCurve.gaussian(gradient_multiplier, ORDERS) + RDPCurve.gaussian(count_multiplier, ORDERS)
+    assert gradient_multiplier == pytest.approx(
+        quantile_gradient_noise_multiplier(noise_multiplier=nu, unclipped_num_std=sigma_b)
+    )
+    composed = RDPCurve.gaussian(noise_multiplier=gradient_multiplier, orders=ORDERS) + RDPCurve.gaussian(
+        noise_multiplier=count_multiplier, orders=ORDERS
+    )
     np.testing.assert_allclose(composed.epsilons, ORDERS / (2 * nu**2), rtol=1e-9)
 
 
@@ -176,7 +180,9 @@ def test_opacus_own_count_moves_by_one_so_its_nu_would_under_report():
     )
     batch = torch.tensor([[3.0, 0.0], [0.1, 0.1]])
     assert count_change(opacus, weight, batch, torch.tensor([0.3, 0.4])) == 1.0
-    effective = (quantile_gradient_noise_multiplier(nu, sigma_b) ** -2 + sigma_b**-2) ** -0.5
+    effective = (
+        quantile_gradient_noise_multiplier(noise_multiplier=nu, unclipped_num_std=sigma_b) ** -2 + sigma_b**-2
+    ) ** -0.5
     assert effective == pytest.approx((nu**-2 + 0.75 * sigma_b**-2) ** -0.5) and effective < nu
 
 
@@ -194,7 +200,7 @@ def test_quantile_update_divides_by_the_expected_batch_size(monkeypatch):
 def test_adaptive_modes_report_plain_dpsgd_plan(tmp_path, digits, mode):
     _, fixed = run(tmp_path / "fixed", digits, HYPER)
     spent, adaptive = run(tmp_path / mode, digits, {**HYPER, "clipping": mode})
-    assert spent == TrialSpend(64 / 1437, 1.0, 22)
+    assert spent == TrialSpend(sample_rate=64 / 1437, noise_multiplier=1.0, steps=22)
     assert [m["dp_plan"] for m in adaptive.metrics] == [m["dp_plan"] for m in fixed.metrics]
     assert [m["dp_spent"] for m in adaptive.metrics] == [m["dp_spent"] for m in fixed.metrics]
 

@@ -244,7 +244,7 @@ def test_the_code_draws_the_law_that_was_checked():
 
 
 def test_the_mechanism_is_t_max_pure_rounds_plus_the_plan():
-    plan = TrialSpend(0.05, 1.5, 40).curve()
+    plan = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40).curve()
     searcher = ConstantOverheadSearcher(
         [{"lr": 0.1}, {"lr": 1.0}], partitions=5, epsilon_round=0.05, granularity=0.01, metric="acc", seed=0
     )
@@ -253,15 +253,15 @@ def test_the_mechanism_is_t_max_pure_rounds_plus_the_plan():
     alpha, eps = plan.orders, 0.05
     np.testing.assert_allclose(curve.epsilons, 46 * np.minimum(eps, alpha * eps**2 / 2) + plan.epsilons, rtol=1e-15)
     assert np.array_equal(curve.orders, plan.orders)
-    assert curve == svt_curve(0.05, 46, plan.orders) + plan
+    assert curve == svt_curve(epsilon=0.05, rounds=46, orders=plan.orders) + plan
 
 
 def test_pure_rounds_convert_below_basic_composition():
     # The RDP route never loses much against basic composition T·ε (the D_∞ bound) ...
     for eps, rounds in [(0.05, 46), (0.5, 22), (1.0, 3)]:
-        assert svt_curve(eps, rounds).epsilon(1e-6) <= rounds * eps * 1.001
+        assert svt_curve(epsilon=eps, rounds=rounds).epsilon(delta=1e-6) <= rounds * eps * 1.001
     # ... and wins by advanced-composition-like savings for many small rounds.
-    assert svt_curve(0.01, 1000).epsilon(1e-6) < 0.5 * 1000 * 0.01
+    assert svt_curve(epsilon=0.01, rounds=1000).epsilon(delta=1e-6) < 0.5 * 1000 * 0.01
 
 
 def test_accounting_uses_t_max_not_the_rounds_used():
@@ -269,7 +269,7 @@ def test_accounting_uses_t_max_not_the_rounds_used():
     details = searcher.privacy_details()
     assert details["rounds_used"] < details["max_rounds"]
     plan = RDPCurve.zero()
-    assert searcher.privacy_mechanism().selection_curve(plan) == svt_curve(SETTINGS["epsilon_round"], searcher.max_rounds)
+    assert searcher.privacy_mechanism().selection_curve(plan) == svt_curve(epsilon=SETTINGS["epsilon_round"], rounds=searcher.max_rounds)
 
 
 # ---------------------------------------------------------------------- the searcher, without Ray
@@ -501,7 +501,7 @@ def fake_constant_overhead_trainable(config):
             tune.report({"acc": config["x"] * epoch / 2 + 0.01 * partition["index"], "epoch": epoch})
         return
     for epoch in range(1, 5):
-        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, 10 * epoch)
+        spent = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=10 * epoch)
         tune.report({"acc": config["x"], "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
 
 
@@ -527,7 +527,7 @@ def test_end_to_end_in_tune(tmp_path):
     assert len(results) == 2 * 2 + 1
     with open(os.path.join(results.experiment_path, REPORT_FILE)) as file:
         report = json.load(file)
-    expected = (svt_curve(5.0, searcher.max_rounds, PLAN.curve().orders) + PLAN.curve()).epsilon(delta)
+    expected = (svt_curve(epsilon=5.0, rounds=searcher.max_rounds, orders=PLAN.curve().orders) + PLAN.curve()).epsilon(delta=delta)
     assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
     assert report["guarantee"]["charged_attempts"] == 0
     assert len(report["unaccounted_trials"]) == 4

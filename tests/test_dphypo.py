@@ -272,7 +272,7 @@ def test_finished_after_t_suggestions():
 def fake_dp_trainable(config):
     """Reports a score and its DP-SGD spend after each of 4 'epochs' of 10 steps."""
     for epoch in range(1, 5):
-        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, 10 * epoch)
+        spent = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=10 * epoch)
         score = bump(config["x"], config["lr"]) + 0.01 * epoch
         tune.report({"score": score, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
 
@@ -296,8 +296,8 @@ def test_tune_run_reports_dp_hypo_theorem_1(tmp_path):
     assert report["num_trials_planned"] == 4 == report["num_trials_started"]
     assert report["density_ratio"] == C / c
     guarantee = report["guarantee"]
-    theorem_1 = repeat_and_select(PLAN.curve(), law, density_ratio=C / c).epsilon(DELTA)
+    theorem_1 = repeat_and_select(PLAN.curve(), law, density_ratio=C / c).epsilon(delta=DELTA)
     assert guarantee["epsilon"] == pytest.approx(theorem_1, rel=1e-12)
-    uniform = repeat_and_select(PLAN.curve(), law).epsilon(DELTA)
+    uniform = repeat_and_select(PLAN.curve(), law).epsilon(delta=DELTA)
     assert guarantee["epsilon_adaptivity"] == pytest.approx(theorem_1 - uniform, rel=1e-9)
     assert guarantee["epsilon_adaptivity"] > 0  # adaptivity costs (DP-HyPO Thm 1 vs P&S Thm 2)

@@ -64,7 +64,9 @@ def _ray_could_not_restore(process) -> bool:
     """Ray's own state was cut mid-write by a kill, so Tune cannot go on: either ``tuner.pkl`` is
     truncated (``Tuner.restore`` fails) or the searcher state is, and Tune restarts the run with
     num_samples=1, which the accountant refuses before any trial (a silent truncation of K)."""
-    restarted = "Failed to restore the run state" in process.stderr and "num_samples=1 would silently stop" in process.stderr
+    restarted = (
+        "Failed to restore the run state" in process.stderr and "num_samples=1 would silently stop" in process.stderr
+    )
     truncated_tuner = "_restore_from_path_or_uri" in process.stderr and "EOFError" in process.stderr
     return process.returncode != 0 and (restarted or truncated_tuner)
 
@@ -76,7 +78,7 @@ def _starts(side) -> list[str]:
 
 def implied_epsilon(attempts: int, k: int) -> float:
     """The least ε any honest account can give A attempts under a K-run bound: max(A, K) plans composed."""
-    return (max(attempts, k) * PLAN.curve()).epsilon(DELTA)
+    return (max(attempts, k) * PLAN.curve()).epsilon(delta=DELTA)
 
 
 def audit_journal(folder, starts: list[str], k: int) -> None:
@@ -177,7 +179,7 @@ def test_with_the_real_dp_trainable(tmp_path):
     from ray_dptune.journal import SearchJournal
 
     plan = SearchJournal(tmp_path / "digits" / "privacy_journal.db").account().plan
-    least = (max(len(starts), 2) * curve_from_report(plan)).epsilon(DELTA)
+    least = (max(len(starts), 2) * curve_from_report(plan)).epsilon(delta=DELTA)
     assert report["guarantee"]["epsilon"] >= least * (1 - 1e-12)
     assert len(starts) > 2 or report["guarantee"]["charged_attempts"] >= 1
 
@@ -191,7 +193,10 @@ def test_a_new_search_into_a_used_folder_is_refused_and_the_first_report_kept(tm
     side = tmp_path / "again.side"
     process = subprocess.run(
         [sys.executable, DRIVER, str(tmp_path), "once", str(side), "--k", "1"],
-        env=environment, capture_output=True, text=True, timeout=300,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert process.returncode != 0
     assert "already holds the privacy record of search" in process.stderr
@@ -218,7 +223,7 @@ def test_replaying_a_journal_after_a_restore_charges_every_live_attempt():
     account.apply({"type": "started", "trial_id": "b", "accounted": True})  # Tune restarts b
     account.apply({"type": "completed", "trial_id": "b"})
     assert account.charged_attempts() == 2  # b's first attempt and c stay charged
-    assert account.guarantee().epsilon == pytest.approx((4 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+    assert account.guarantee().epsilon == pytest.approx((4 * PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
 
 
 def _point_mass(k):

@@ -248,7 +248,7 @@ def audit(bound: RDPCurve, pair: Pair, law: RunCountDistribution, label: str) ->
         for i in rdp_violations(claimed, exact.rdp)
     ]
     for delta in DELTAS:
-        value = bound.epsilon(delta)
+        value = bound.epsilon(delta=delta)
         if epsilon_violated(value, exact.epsilon[delta]):
             lines.append(f"{where}: epsilon({delta:g}) is {value!r} < true {exact.epsilon[delta]!r}")
     return lines
@@ -368,7 +368,7 @@ def test_audit_catches_the_base_curve_claimed_for_best_of_geometric_10():
     eps_caught = [
         p.name
         for p in ALL_PAIRS
-        if any(epsilon_violated(base_curve(p).epsilon(d), truth(p, law).epsilon[d]) for d in DELTAS)
+        if any(epsilon_violated(base_curve(p).epsilon(delta=d), truth(p, law).epsilon[d]) for d in DELTAS)
     ]
     assert len(rdp_caught) >= len(ALL_PAIRS) // 2, rdp_caught
     assert len(eps_caught) >= len(ALL_PAIRS) // 2, eps_caught
@@ -409,7 +409,7 @@ def test_audit_catches_epsilon_shrunk_by_20_percent(law_name):
         pair.name
         for pair in ALL_PAIRS
         if epsilon_violated(
-            0.8 * repeat_and_select(base_curve(pair), law).epsilon(1e-6), truth(pair, law).epsilon[1e-6]
+            0.8 * repeat_and_select(base_curve(pair), law).epsilon(delta=1e-6), truth(pair, law).epsilon[1e-6]
         )
     ]
     assert caught, "an epsilon(1e-6) 20% too small went unnoticed: the audit has no teeth"
@@ -458,7 +458,7 @@ def test_point_mass_epsilon_is_within_the_cks_conversion_gap():
     """For K = 1 the bound is the exact base curve: only the RDP → (ε, δ) conversion is lost."""
     for pair in ALL_PAIRS:
         exact = truth(pair, PointMass(1)).epsilon[1e-6]
-        claimed = repeat_and_select(base_curve(pair), PointMass(1)).epsilon(1e-6)
+        claimed = repeat_and_select(base_curve(pair), PointMass(1)).epsilon(delta=1e-6)
         assert exact * (1 - RTOL) <= claimed < 1.5 * exact + 0.05, pair.describe()
 
 

@@ -61,13 +61,15 @@ def test_accuracies_come_from_the_svm_on_each_dataset():
 
 def test_theoretical_epsilon_is_the_library_bound(default_run):
     args, res = default_run
-    expected = repeat_and_select(RDPCurve.gaussian(args.sigma), Poisson(args.mean)).epsilon(args.delta)
+    expected = repeat_and_select(RDPCurve.gaussian(noise_multiplier=args.sigma), Poisson(args.mean)).epsilon(
+        delta=args.delta
+    )
     assert res.theoretical_epsilon == pytest.approx(expected, rel=1e-12)
     assert math.isfinite(expected)
 
     args = svm_leak.parse_args(["--law", "tnb", "--eta", "0.5", "--sigma", "0.7", "--mean", "6", "--reps", "50"])
     law = TruncatedNegativeBinomial.from_mean(eta=0.5, mean=6.0)
-    expected = repeat_and_select(RDPCurve.gaussian(0.7), law).epsilon(args.delta)
+    expected = repeat_and_select(RDPCurve.gaussian(noise_multiplier=0.7), law).epsilon(delta=args.delta)
     assert svm_leak.run(args).theoretical_epsilon == pytest.approx(expected, rel=1e-12)
 
 

@@ -116,7 +116,7 @@ def exercise_law(law):
 
 
 def exercise_curve(curve):
-    return [curve, curve.epsilon(1e-6), curve.delta(1.0), curve + curve, 3 * curve, curve.smoothed()]
+    return [curve, curve.epsilon(delta=1e-6), curve.delta(epsilon=1.0), curve + curve, 3 * curve, curve.smoothed()]
 
 
 def law_method(method: str) -> Callable[..., Any]:
@@ -131,14 +131,22 @@ def profile_at(make_profile: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def svt_everything(partitions, epsilon, granularity, initial_utility):
-    params = svt.SVTParams(partitions=partitions, epsilon=epsilon, granularity=granularity, initial_utility=initial_utility)
+    params = svt.SVTParams(
+        partitions=partitions, epsilon=epsilon, granularity=granularity, initial_utility=initial_utility
+    )
     rounds = svt.default_max_rounds(params)
     result = svt.run_svt([0.2, 0.9], params, max_rounds=min(rounds, 200), rng=np.random.default_rng(0))
     return [params.to_dict(), params.query_scale, rounds, svt.worst_case_noiseless_rounds(params), result.to_dict()]
 
 
 def spend_curve(sample_rate, noise_multiplier, steps, score_noise_multiplier, score_releases):
-    spend = TrialSpend(sample_rate, noise_multiplier, steps, score_noise_multiplier, score_releases)
+    spend = TrialSpend(
+        sample_rate=sample_rate,
+        noise_multiplier=noise_multiplier,
+        steps=steps,
+        score_noise_multiplier=score_noise_multiplier,
+        score_releases=score_releases,
+    )
     return [spend.to_dict(), TrialSpend.from_dict(spend.to_dict()) == spend, spend.curve(ORDERS)]
 
 
@@ -155,10 +163,16 @@ class Entry:
 ENTRIES = [
     # ------------------------------------------------------------ laws of K
     Entry("Poisson", lambda mean: exercise_law(Poisson(mean)), {"mean": REAL}),
-    Entry("TruncatedNegativeBinomial", lambda eta, gamma: exercise_law(TruncatedNegativeBinomial(eta, gamma)),
-          {"eta": REAL, "gamma": UNIT}),
-    Entry("TruncatedNegativeBinomial.from_mean",
-          lambda eta, mean: exercise_law(TruncatedNegativeBinomial.from_mean(eta, mean)), {"eta": REAL, "mean": REAL}),
+    Entry(
+        "TruncatedNegativeBinomial",
+        lambda eta, gamma: exercise_law(TruncatedNegativeBinomial(eta, gamma)),
+        {"eta": REAL, "gamma": UNIT},
+    ),
+    Entry(
+        "TruncatedNegativeBinomial.from_mean",
+        lambda eta, mean: exercise_law(TruncatedNegativeBinomial.from_mean(eta, mean)),
+        {"eta": REAL, "mean": REAL},
+    ),
     Entry("Logarithmic", lambda gamma: exercise_law(Logarithmic(gamma)), {"gamma": UNIT}),
     Entry("Logarithmic.from_mean", lambda mean: exercise_law(Logarithmic.from_mean(mean)), {"mean": REAL}),
     Entry("Geometric", lambda gamma: exercise_law(Geometric(gamma)), {"gamma": UNIT}),
@@ -171,116 +185,261 @@ ENTRIES = [
     Entry("law.success_probability", lambda law, p: law.success_probability(p), {"law": LAW, "p": REAL}),
     Entry("law.sample", lambda law, seed: law.sample(seed), {"law": LAW, "seed": st.one_of(EDGE, INT)}),
     Entry("secure_rng", lambda seed: secure_rng(seed).random(), {"seed": st.one_of(EDGE, INT)}),
-    Entry("distribution_from_dict", lambda law, mean: distribution_from_dict({**law.to_dict(), "mean": mean}),
-          {"law": LAW, "mean": REAL}),
+    Entry(
+        "distribution_from_dict",
+        lambda law, mean: distribution_from_dict({**law.to_dict(), "mean": mean}),
+        {"law": LAW, "mean": REAL},
+    ),
     # ------------------------------------------------------------ RDP curves
-    Entry("RDPCurve", lambda orders, epsilons: exercise_curve(RDPCurve(orders, epsilons)),
-          {"orders": st.sampled_from([[1.5, 2.0], [1.0 + 1e-12, 1e300], [2.0]]), "epsilons": VECTOR}),
-    Entry("RDPCurve.gaussian", lambda noise_multiplier: exercise_curve(RDPCurve.gaussian(noise_multiplier)),
-          {"noise_multiplier": REAL}),
-    Entry("RDPCurve.zcdp", lambda rho: exercise_curve(RDPCurve.zcdp(rho)), {"rho": REAL}),
-    Entry("RDPCurve.pure", lambda epsilon: exercise_curve(RDPCurve.pure(epsilon)), {"epsilon": REAL}),
-    Entry("RDPCurve.subsampled_gaussian",
-          lambda sample_rate, noise_multiplier, steps: RDPCurve.subsampled_gaussian(
-              sample_rate, noise_multiplier, steps, ORDERS),
-          {"sample_rate": UNIT, "noise_multiplier": REAL, "steps": COUNT}, examples=25),
-    Entry("RDPCurve.epsilon", lambda noise_multiplier, delta: RDPCurve.gaussian(noise_multiplier).epsilon(delta),
-          {"noise_multiplier": REAL, "delta": UNIT}),
-    Entry("RDPCurve.delta", lambda epsilon, rho: RDPCurve.zcdp(rho).delta(epsilon), {"epsilon": REAL, "rho": REAL}),
-    Entry("RDPCurve.__add__", lambda epsilons: RDPCurve([2.0], [epsilons]) + RDPCurve([2.0, 3.0], [epsilons, 1e308]),
-          {"epsilons": REAL}),
-    Entry("RDPCurve.__mul__", lambda count, epsilons: count * RDPCurve([2.0, 3.0], [epsilons, 0.0]),
-          {"count": INT, "epsilons": REAL}),
+    Entry(
+        "RDPCurve",
+        lambda orders, epsilons: exercise_curve(RDPCurve(orders, epsilons)),
+        {"orders": st.sampled_from([[1.5, 2.0], [1.0 + 1e-12, 1e300], [2.0]]), "epsilons": VECTOR},
+    ),
+    Entry(
+        "RDPCurve.gaussian",
+        lambda noise_multiplier: exercise_curve(RDPCurve.gaussian(noise_multiplier=noise_multiplier)),
+        {"noise_multiplier": REAL},
+    ),
+    Entry("RDPCurve.zcdp", lambda rho: exercise_curve(RDPCurve.zcdp(rho=rho)), {"rho": REAL}),
+    Entry("RDPCurve.pure", lambda epsilon: exercise_curve(RDPCurve.pure(epsilon=epsilon)), {"epsilon": REAL}),
+    Entry(
+        "RDPCurve.subsampled_gaussian",
+        lambda sample_rate, noise_multiplier, steps: RDPCurve.subsampled_gaussian(
+            sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=ORDERS
+        ),
+        {"sample_rate": UNIT, "noise_multiplier": REAL, "steps": COUNT},
+        examples=25,
+    ),
+    Entry(
+        "RDPCurve.epsilon",
+        lambda noise_multiplier, delta: RDPCurve.gaussian(noise_multiplier=noise_multiplier).epsilon(delta=delta),
+        {"noise_multiplier": REAL, "delta": UNIT},
+    ),
+    Entry(
+        "RDPCurve.delta",
+        lambda epsilon, rho: RDPCurve.zcdp(rho=rho).delta(epsilon=epsilon),
+        {"epsilon": REAL, "rho": REAL},
+    ),
+    Entry(
+        "RDPCurve.__add__",
+        lambda epsilons: RDPCurve([2.0], [epsilons]) + RDPCurve([2.0, 3.0], [epsilons, 1e308]),
+        {"epsilons": REAL},
+    ),
+    Entry(
+        "RDPCurve.__mul__",
+        lambda count, epsilons: count * RDPCurve([2.0, 3.0], [epsilons, 0.0]),
+        {"count": INT, "epsilons": REAL},
+    ),
     # ------------------------------------------------------------ best of K runs
-    Entry("repeat_and_select",
-          lambda epsilon, law, density_ratio: repeat_and_select(RDPCurve.pure(epsilon), law,
-                                                                density_ratio=density_ratio),
-          {"epsilon": REAL, "law": st.sampled_from([law for law in LAWS if not isinstance(law, Poisson)]),
-           "density_ratio": REAL}),
-    Entry("repeat_and_select(poisson)",
-          lambda noise_multiplier, law: repeat_and_select(RDPCurve.gaussian(noise_multiplier), law,
-                                                          base_delta=gaussian_profile(noise_multiplier)),
-          {"noise_multiplier": REAL, "law": st.sampled_from([law for law in LAWS if isinstance(law, Poisson)])}),
-    Entry("repeat_and_select(curve)", lambda epsilons, law: repeat_and_select(RDPCurve(ORDERS, epsilons), law),
-          {"epsilons": st.lists(REAL, min_size=4, max_size=4), "law": LAW}),
-    Entry("repeat_and_select(generic)",
-          lambda rho, law: repeat_and_select(RDPCurve.zcdp(rho, ORDERS), law, generic=True),
-          {"rho": REAL, "law": LAW}, examples=6),
-    Entry("generic_repeat_and_select",
-          lambda rho, law, grid_size: generic_repeat_and_select(RDPCurve.zcdp(rho, ORDERS), law, grid_size=grid_size),
-          {"rho": st.sampled_from([0.0, 1e-300, 0.1, 1e300]), "law": LAW, "grid_size": SMALL_COUNT}, examples=8),
-    Entry("truncated_negative_binomial_bound",
-          lambda rho, density_ratio: truncated_negative_binomial_bound(
-              RDPCurve.zcdp(rho, ORDERS), Geometric(0.1), density_ratio=density_ratio),
-          {"rho": REAL, "density_ratio": REAL}),
-    Entry("poisson_bound", lambda rho, mean: poisson_bound(RDPCurve.zcdp(rho, ORDERS), Poisson(mean)),
-          {"rho": REAL, "mean": REAL}),
-    Entry("add_no_run_atom", lambda log_moment, prob_zero: add_no_run_atom(np.array([log_moment]), prob_zero,
-                                                                           np.array([2.0])),
-          {"log_moment": REAL, "prob_zero": REAL}),
+    Entry(
+        "repeat_and_select",
+        lambda epsilon, law, density_ratio: repeat_and_select(
+            RDPCurve.pure(epsilon=epsilon), law, density_ratio=density_ratio
+        ),
+        {
+            "epsilon": REAL,
+            "law": st.sampled_from([law for law in LAWS if not isinstance(law, Poisson)]),
+            "density_ratio": REAL,
+        },
+    ),
+    Entry(
+        "repeat_and_select(poisson)",
+        lambda noise_multiplier, law: repeat_and_select(
+            RDPCurve.gaussian(noise_multiplier=noise_multiplier),
+            law,
+            base_delta=gaussian_profile(noise_multiplier=noise_multiplier),
+        ),
+        {"noise_multiplier": REAL, "law": st.sampled_from([law for law in LAWS if isinstance(law, Poisson)])},
+    ),
+    Entry(
+        "repeat_and_select(curve)",
+        lambda epsilons, law: repeat_and_select(RDPCurve(ORDERS, epsilons), law),
+        {"epsilons": st.lists(REAL, min_size=4, max_size=4), "law": LAW},
+    ),
+    Entry(
+        "repeat_and_select(generic)",
+        lambda rho, law: repeat_and_select(RDPCurve.zcdp(rho=rho, orders=ORDERS), law, generic=True),
+        {"rho": REAL, "law": LAW},
+        examples=6,
+    ),
+    Entry(
+        "generic_repeat_and_select",
+        lambda rho, law, grid_size: generic_repeat_and_select(
+            RDPCurve.zcdp(rho=rho, orders=ORDERS), law, grid_size=grid_size
+        ),
+        {"rho": st.sampled_from([0.0, 1e-300, 0.1, 1e300]), "law": LAW, "grid_size": SMALL_COUNT},
+        examples=8,
+    ),
+    Entry(
+        "truncated_negative_binomial_bound",
+        lambda rho, density_ratio: truncated_negative_binomial_bound(
+            RDPCurve.zcdp(rho=rho, orders=ORDERS), Geometric(0.1), density_ratio=density_ratio
+        ),
+        {"rho": REAL, "density_ratio": REAL},
+    ),
+    Entry(
+        "poisson_bound",
+        lambda rho, mean: poisson_bound(RDPCurve.zcdp(rho=rho, orders=ORDERS), Poisson(mean)),
+        {"rho": REAL, "mean": REAL},
+    ),
+    Entry(
+        "add_no_run_atom",
+        lambda log_moment, prob_zero: add_no_run_atom(np.array([log_moment]), prob_zero, np.array([2.0])),
+        {"log_moment": REAL, "prob_zero": REAL},
+    ),
     # ------------------------------------------------------------ exact profiles
     Entry("gaussian_profile", profile_at(gaussian_profile), {"epsilon": REAL, "noise_multiplier": REAL}),
-    Entry("subsampled_gaussian_profile", profile_at(subsampled_gaussian_profile),
-          {"epsilon": REAL, "sample_rate": UNIT, "noise_multiplier": st.one_of(EDGE, st.floats(0.5, 1e3)),
-           "steps": SMALL_COUNT, "discretization": st.sampled_from([1e-2, 0.1, 1.0, 2.0] + list(EDGES))},
-          examples=15),
+    Entry(
+        "subsampled_gaussian_profile",
+        profile_at(subsampled_gaussian_profile),
+        {
+            "epsilon": REAL,
+            "sample_rate": UNIT,
+            "noise_multiplier": st.one_of(EDGE, st.floats(0.5, 1e3)),
+            "steps": SMALL_COUNT,
+            "discretization": st.sampled_from([1e-2, 0.1, 1.0, 2.0] + list(EDGES)),
+        },
+        examples=15,
+    ),
     # ------------------------------------------------------------ sparse vector
-    Entry("SVTParams", svt_everything,
-          {"partitions": COUNT, "epsilon": REAL, "granularity": UNIT, "initial_utility": UNIT}),
-    Entry("svt_curve", lambda epsilon, rounds: svt.svt_curve(epsilon, rounds, ORDERS),
-          {"epsilon": REAL, "rounds": COUNT}),
+    Entry(
+        "SVTParams",
+        svt_everything,
+        {"partitions": COUNT, "epsilon": REAL, "granularity": UNIT, "initial_utility": UNIT},
+    ),
+    Entry(
+        "svt_curve",
+        lambda epsilon, rounds: svt.svt_curve(epsilon=epsilon, rounds=rounds, orders=ORDERS),
+        {"epsilon": REAL, "rounds": COUNT},
+    ),
     Entry("noiseless_rounds", lambda target_level: svt.noiseless_rounds(target_level), {"target_level": COUNT}),
-    Entry("run_svt",
-          lambda utilities, max_rounds: svt.run_svt(utilities, svt.SVTParams(partitions=5, epsilon=1.0, granularity=0.1), max_rounds=max_rounds,
-                                                    rng=np.random.default_rng(0)),
-          {"utilities": st.lists(UNIT, min_size=0, max_size=3), "max_rounds": SMALL_COUNT}),
-    Entry("svt_round",
-          lambda level, step: svt.svt_round(np.array([0.5]), level, step, svt.SVTParams(partitions=5, epsilon=1.0, granularity=0.1),
-                                            np.random.default_rng(0)),
-          {"level": COUNT, "step": COUNT}),
+    Entry(
+        "run_svt",
+        lambda utilities, max_rounds: svt.run_svt(
+            utilities,
+            svt.SVTParams(partitions=5, epsilon=1.0, granularity=0.1),
+            max_rounds=max_rounds,
+            rng=np.random.default_rng(0),
+        ),
+        {"utilities": st.lists(UNIT, min_size=0, max_size=3), "max_rounds": SMALL_COUNT},
+    ),
+    Entry(
+        "svt_round",
+        lambda level, step: svt.svt_round(
+            np.array([0.5]),
+            level,
+            step,
+            svt.SVTParams(partitions=5, epsilon=1.0, granularity=0.1),
+            np.random.default_rng(0),
+        ),
+        {"level": COUNT, "step": COUNT},
+    ),
     # ------------------------------------------------------------ a trial's spend
-    Entry("TrialSpend", spend_curve,
-          {"sample_rate": UNIT, "noise_multiplier": REAL, "steps": SMALL_COUNT,
-           "score_noise_multiplier": st.one_of(st.none(), REAL), "score_releases": SMALL_COUNT}, examples=25),
+    Entry(
+        "TrialSpend",
+        spend_curve,
+        {
+            "sample_rate": UNIT,
+            "noise_multiplier": REAL,
+            "steps": SMALL_COUNT,
+            "score_noise_multiplier": st.one_of(st.none(), REAL),
+            "score_releases": SMALL_COUNT,
+        },
+        examples=25,
+    ),
     # ------------------------------------------------------------ DP-BO release (Kusner et al.)
     Entry("beta_t", vr.beta_t, {"t": COUNT, "n_candidates": COUNT, "delta": UNIT}),
     Entry("dataset_shift_bound", vr.dataset_shift_bound, {"k1": UNIT, "n_candidates": COUNT, "failure": UNIT}),
     Entry("srinivas_c1", vr.srinivas_c1, {"noise_variance": REAL}),
     Entry("check_k1", vr.check_k1, {"k1": REAL}),
-    Entry("exponential_mechanism_probabilities",
-          lambda scores, epsilon, sensitivity: vr.exponential_mechanism_probabilities(
-              np.array(scores, dtype=float), epsilon=epsilon, sensitivity=sensitivity),
-          {"scores": st.lists(REAL, min_size=0, max_size=3), "epsilon": REAL, "sensitivity": REAL}),
-    Entry("kernel_matrix",
-          lambda x, kernel, lengthscale: ig.kernel_matrix(np.array([x, [0.0, 1.0]], dtype=float),
-                                                          np.array([[0.5, 0.5]]), kernel=kernel,
-                                                          lengthscale=lengthscale),
-          {"x": st.lists(REAL, min_size=2, max_size=2), "kernel": st.sampled_from(["rbf", "matern52"]),
-           "lengthscale": REAL}),
-    Entry("information_gain",
-          lambda kernel, noise_variance: ig.information_gain(np.array([[1.0, kernel], [kernel, 1.0]]), noise_variance),
-          {"kernel": REAL, "noise_variance": REAL}),
-    Entry("max_information_gain_bound",
-          lambda kernel, num_rounds, noise_variance: ig.max_information_gain_bound(
-              np.array([[1.0, kernel], [kernel, 1.0]]), num_rounds, noise_variance),
-          {"kernel": REAL, "num_rounds": SMALL_COUNT, "noise_variance": REAL}),
-    Entry("max_information_gain_bound_from_points",
-          lambda x, num_rounds, noise_variance, lengthscale: ig.max_information_gain_bound_from_points(
-              np.array([[x], [0.5]]), num_rounds, noise_variance, kernel="matern52", lengthscale=lengthscale),
-          {"x": REAL, "num_rounds": SMALL_COUNT, "noise_variance": REAL, "lengthscale": REAL}),
-    Entry("algorithm1_bounds",
-          lambda **kw: vr.algorithm1_bounds(**kw).to_dict(),
-          {"n_candidates": COUNT, "num_trials": COUNT, "epsilon": REAL, "delta": UNIT, "k1": UNIT,
-           "noise_variance": REAL, "gamma_bound": REAL}),
-    Entry("paper_algorithm1_laplace_scale", lambda **kw: vr.paper_algorithm1_laplace_scale(**kw),
-          {"n_candidates": COUNT, "num_trials": COUNT, "epsilon": REAL, "delta": UNIT, "k1": UNIT,
-           "noise_variance": REAL, "gamma": REAL}),
-    Entry("algorithm3_laplace_scale", lambda **kw: vr.algorithm3_laplace_scale(**kw),
-          {"epsilon": REAL, "lipschitz": REAL, "g_star": REAL, "validation_size": COUNT, "lambda_min": REAL,
-           "lambda_max": REAL}),
-    Entry("paper_algorithm3_laplace_scale", lambda **kw: vr.paper_algorithm3_laplace_scale(**kw),
-          {"epsilon": REAL, "lipschitz": REAL, "g_star": REAL, "validation_size": COUNT, "lambda_min": REAL,
-           "lambda_max": REAL}),
+    Entry(
+        "exponential_mechanism_probabilities",
+        lambda scores, epsilon, sensitivity: vr.exponential_mechanism_probabilities(
+            np.array(scores, dtype=float), epsilon=epsilon, sensitivity=sensitivity
+        ),
+        {"scores": st.lists(REAL, min_size=0, max_size=3), "epsilon": REAL, "sensitivity": REAL},
+    ),
+    Entry(
+        "kernel_matrix",
+        lambda x, kernel, lengthscale: ig.kernel_matrix(
+            np.array([x, [0.0, 1.0]], dtype=float), np.array([[0.5, 0.5]]), kernel=kernel, lengthscale=lengthscale
+        ),
+        {
+            "x": st.lists(REAL, min_size=2, max_size=2),
+            "kernel": st.sampled_from(["rbf", "matern52"]),
+            "lengthscale": REAL,
+        },
+    ),
+    Entry(
+        "information_gain",
+        lambda kernel, noise_variance: ig.information_gain(np.array([[1.0, kernel], [kernel, 1.0]]), noise_variance),
+        {"kernel": REAL, "noise_variance": REAL},
+    ),
+    Entry(
+        "max_information_gain_bound",
+        lambda kernel, num_rounds, noise_variance: ig.max_information_gain_bound(
+            np.array([[1.0, kernel], [kernel, 1.0]]), num_rounds, noise_variance
+        ),
+        {"kernel": REAL, "num_rounds": SMALL_COUNT, "noise_variance": REAL},
+    ),
+    Entry(
+        "max_information_gain_bound_from_points",
+        lambda x, num_rounds, noise_variance, lengthscale: ig.max_information_gain_bound_from_points(
+            np.array([[x], [0.5]]), num_rounds, noise_variance, kernel="matern52", lengthscale=lengthscale
+        ),
+        {"x": REAL, "num_rounds": SMALL_COUNT, "noise_variance": REAL, "lengthscale": REAL},
+    ),
+    Entry(
+        "algorithm1_bounds",
+        lambda **kw: vr.algorithm1_bounds(**kw).to_dict(),
+        {
+            "n_candidates": COUNT,
+            "num_trials": COUNT,
+            "epsilon": REAL,
+            "delta": UNIT,
+            "k1": UNIT,
+            "noise_variance": REAL,
+            "gamma_bound": REAL,
+        },
+    ),
+    Entry(
+        "paper_algorithm1_laplace_scale",
+        lambda **kw: vr.paper_algorithm1_laplace_scale(**kw),
+        {
+            "n_candidates": COUNT,
+            "num_trials": COUNT,
+            "epsilon": REAL,
+            "delta": UNIT,
+            "k1": UNIT,
+            "noise_variance": REAL,
+            "gamma": REAL,
+        },
+    ),
+    Entry(
+        "algorithm3_laplace_scale",
+        lambda **kw: vr.algorithm3_laplace_scale(**kw),
+        {
+            "epsilon": REAL,
+            "lipschitz": REAL,
+            "g_star": REAL,
+            "validation_size": COUNT,
+            "lambda_min": REAL,
+            "lambda_max": REAL,
+        },
+    ),
+    Entry(
+        "paper_algorithm3_laplace_scale",
+        lambda **kw: vr.paper_algorithm3_laplace_scale(**kw),
+        {
+            "epsilon": REAL,
+            "lipschitz": REAL,
+            "g_star": REAL,
+            "validation_size": COUNT,
+            "lambda_min": REAL,
+            "lambda_max": REAL,
+        },
+    ),
 ]
 
 
@@ -312,10 +471,13 @@ def test_entry_point_answers_edge_values_cleanly(entry):
         (lambda: Poisson(3.0).pmf(math.nan), "k must not be NaN"),
         (lambda: svt.SVTParams(partitions=5, epsilon=1.0, granularity=1e-300), "granularity must be >= 1e-09 and < 1"),
         (lambda: svt.SVTParams(partitions=1, epsilon=1e-308, granularity=0.1), "epsilon must be >="),
-        (lambda: RDPCurve.gaussian(1.0).epsilon(math.nan), "delta must be a finite number > 0 and < 1"),
-        (lambda: subsampled_gaussian_profile(0.5, 1e-3, 1), "points per step"),
-        (lambda: subsampled_gaussian_profile(0.5, 1.0, 10**7), "steps <= 1000000"),
-        (lambda: generic_repeat_and_select(RDPCurve.zcdp(0.1), Poisson(3.0), grid_size=2.5), "grid_size"),
+        (
+            lambda: RDPCurve.gaussian(noise_multiplier=1.0).epsilon(delta=math.nan),
+            "delta must be a finite number > 0 and < 1",
+        ),
+        (lambda: subsampled_gaussian_profile(sample_rate=0.5, noise_multiplier=1e-3, steps=1), "points per step"),
+        (lambda: subsampled_gaussian_profile(sample_rate=0.5, noise_multiplier=1.0, steps=10**7), "steps <= 1000000"),
+        (lambda: generic_repeat_and_select(RDPCurve.zcdp(rho=0.1), Poisson(3.0), grid_size=2.5), "grid_size"),
     ],
 )
 def test_absurd_or_invalid_input_is_refused_with_its_range(make, message):
@@ -326,13 +488,15 @@ def test_absurd_or_invalid_input_is_refused_with_its_range(make, message):
 def test_values_at_the_edges_are_the_limits_or_on_the_safe_side():
     assert Poisson(3.0).pmf(math.inf) == 0.0 and Poisson(3.0).pmf(1e308) == 0.0
     assert TruncatedNegativeBinomial(0.5, 0.1).pmf(-math.inf) == 0.0
-    assert np.all(RDPCurve.pure(1e300).epsilons == 1e300)  # min(ε, αε²/2) = ε once ε² overflows
-    assert np.all(np.isinf(RDPCurve.gaussian(1e-300).epsilons))  # α/(2σ²) overflows: inf, never NaN
-    assert np.all(RDPCurve.gaussian(1e200).epsilons == 2e-300)  # α/(2σ²) underflows: 2e-300 is above it
+    assert np.all(RDPCurve.pure(epsilon=1e300).epsilons == 1e300)  # min(ε, αε²/2) = ε once ε² overflows
+    assert np.all(np.isinf(RDPCurve.gaussian(noise_multiplier=1e-300).epsilons))  # α/(2σ²) overflows: inf, never NaN
+    assert np.all(
+        RDPCurve.gaussian(noise_multiplier=1e200).epsilons == 2e-300
+    )  # α/(2σ²) underflows: 2e-300 is above it
     assert np.all((10**400 * RDPCurve([2.0, 3.0], [0.0, 1e-3])).epsilons == [0.0, math.inf])
     # subsampling never costs more than the full batch, which bounds it where dp_accounting cannot run
-    assert np.all(RDPCurve.subsampled_gaussian(0.5, 1e-200, 3).epsilons == math.inf)
-    assert np.all(RDPCurve.subsampled_gaussian(0.5, 1e200, 3).epsilons > 0)
+    assert np.all(RDPCurve.subsampled_gaussian(sample_rate=0.5, noise_multiplier=1e-200, steps=3).epsilons == math.inf)
+    assert np.all(RDPCurve.subsampled_gaussian(sample_rate=0.5, noise_multiplier=1e200, steps=3).epsilons > 0)
     # log-space fallbacks give the finite value, not inf or an OverflowError
     expected = 2 * (math.log(50 * 100 * math.pi**2) - math.log(3 * 5e-324))
     assert expected <= vr.beta_t(10, 50, delta=5e-324) == pytest.approx(expected, rel=1e-11)

@@ -14,7 +14,7 @@ from ray_dptune.cli import main as cli
 from ray_dptune.errors import PrivacyError
 from ray_dptune.journal import JOURNAL_FILE, SearchJournal, journal_summary
 
-PLAN = TrialSpend(0.05, 1.5, 40)
+PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 DELTA = 1e-5
 MECHANISM = Mechanism.random_count(law=PointMass(2), num_trials=2)
 RECORD = {"mechanism": MECHANISM.to_dict(), "delta": DELTA, "plan": PLAN.to_dict(), "searcher": "RandomCountSearcher"}
@@ -44,7 +44,7 @@ def test_replay_gives_the_account_the_events_built(tmp_path):
     assert replayed.guarantee().epsilon == live.guarantee().epsilon
     replayed.restored()  # b's attempt was left live by a dead driver: charged
     assert replayed.charged_attempts() == 1
-    assert replayed.guarantee().epsilon == pytest.approx((3 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+    assert replayed.guarantee().epsilon == pytest.approx((3 * PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
 
 
 def test_a_second_search_is_refused_and_the_first_kept(tmp_path):
@@ -59,7 +59,9 @@ def test_events_that_add_cost_are_synced_and_the_rest_are_not(tmp_path):
     written = journal(tmp_path)
     modes = []
     with written._store.reading() as db:  # noqa: SLF001 - watch the pragma each commit sets
-        db.set_trace_callback(lambda sql: modes.append(sql.split("=")[1]) if sql.startswith("PRAGMA synchronous=") else None)
+        db.set_trace_callback(
+            lambda sql: modes.append(sql.split("=")[1]) if sql.startswith("PRAGMA synchronous=") else None
+        )
     written.append([{"type": "completed", "trial_id": "b"}])
     written.append([{"type": "suggested", "trial_id": "c", "accounted": True}])
     written.append([{"type": "restored"}])
@@ -88,7 +90,7 @@ def test_the_cli_shows_what_a_killed_search_spent(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary == journal_summary(tmp_path)
     assert summary["attempts"] == {"completed": 1, "unknown": 1} and summary["restores"] == 0
-    assert summary["guarantee"]["epsilon"] == pytest.approx((3 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+    assert summary["guarantee"]["epsilon"] == pytest.approx((3 * PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
     assert SearchJournal(tmp_path / JOURNAL_FILE).account().restores == 0  # the CLI wrote nothing
     assert cli(["journal", str(tmp_path)]) == 0
     assert "1 attempt(s) charged" in capsys.readouterr().out

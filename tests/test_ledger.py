@@ -18,8 +18,10 @@ from ray_dptune.cli import main
 from ray_dptune.ledger import PrivacyLedger
 from ray_dptune.store import StoreError
 
-DPSGD_PLAN = TrialSpend(0.05, 1.5, 40)  # a DP-SGD plan (its curve takes ~1 s: used once)
-PLAN = RDPCurve.zcdp(0.02)  # a fast plan on the default orders
+DPSGD_PLAN = TrialSpend(
+    sample_rate=0.05, noise_multiplier=1.5, steps=40
+)  # a DP-SGD plan (its curve takes ~1 s: used once)
+PLAN = RDPCurve.zcdp(rho=0.02)  # a fast plan on the default orders
 DELTA = 1e-5
 OTHER_ORDERS = 1.0 + np.logspace(-1.0, 2.5, 60)  # a grid that is not DEFAULT_ORDERS
 
@@ -108,7 +110,7 @@ def test_a_search_stays_on_its_dataset(tmp_path):
 def test_curves_on_other_grids_sum_conservatively(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.db")
     a, b = random_count(), random_count(law=Poisson(2.0))
-    other = random_count(plan=RDPCurve.zcdp(0.05, OTHER_ORDERS))
+    other = random_count(plan=RDPCurve.zcdp(rho=0.05, orders=OTHER_ORDERS))
     assert not np.array_equal(other.curve.orders, a.curve.orders)
     for name, guarantee in (("a", a), ("other", other), ("b", b)):
         record(ledger, name, guarantee)
@@ -120,7 +122,7 @@ def test_curves_on_other_grids_sum_conservatively(tmp_path):
 
 def test_many_searches_sum_like_sequential_composition(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.db")
-    guarantees = [random_count(plan=RDPCurve.zcdp(0.01 * (1 + index)), failed=index % 3) for index in range(40)]
+    guarantees = [random_count(plan=RDPCurve.zcdp(rho=0.01 * (1 + index)), failed=index % 3) for index in range(40)]
     for index, guarantee in enumerate(guarantees):
         record(ledger, f"s{index}", guarantee)
     total = ledger.dataset_total("digits")[0]

@@ -42,7 +42,7 @@ def test_sweep_across_nodes_runs_k_trials_with_the_selection_guarantee(without_f
     assert run["num_trials"] == 4 and run["results"] == 4 and not run["errors"]
     assert all(statuses == ["completed"] for statuses in run["attempts"].values())
     assert len(run["nodes"]) >= 2  # the trials were spread over the worker nodes
-    assert run["epsilon"] == pytest.approx((4 * PLAN.curve()).epsilon(1e-5), rel=1e-12)
+    assert run["epsilon"] == pytest.approx((4 * PLAN.curve()).epsilon(delta=1e-5), rel=1e-12)
 
 
 def test_a_lost_node_retries_its_trial_elsewhere_and_costs_privacy(with_node_loss, without_failure):
@@ -53,7 +53,7 @@ def test_a_lost_node_retries_its_trial_elsewhere_and_costs_privacy(with_node_los
     assert retried == [["failed", "completed"]]
     assert run["killed"] not in run["nodes"]  # every final result came from a surviving node
     assert run["epsilon"] > without_failure["epsilon"]
-    assert run["epsilon"] == pytest.approx((5 * PLAN.curve()).epsilon(1e-5), rel=1e-12)
+    assert run["epsilon"] == pytest.approx((5 * PLAN.curve()).epsilon(delta=1e-5), rel=1e-12)
 
 
 def test_an_interrupted_driver_restores_with_the_same_k_and_no_rerun(tmp_path):
@@ -65,5 +65,5 @@ def test_an_interrupted_driver_restores_with_the_same_k_and_no_rerun(tmp_path):
     # suggested when the driver stopped is charged too: its fate is not in the journal)
     assert 4 <= run["starts"] <= 4 + len(restarted)
     assert all(statuses[-1] == "completed" and set(statuses[:-1]) <= {"failed", "unknown"} for statuses in restarted)
-    composed = (4 * PLAN.curve() + len(restarted) * PLAN.curve()).epsilon(1e-5)
+    composed = (4 * PLAN.curve() + len(restarted) * PLAN.curve()).epsilon(delta=1e-5)
     assert run["epsilon"] == pytest.approx(composed, rel=1e-12)

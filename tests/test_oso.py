@@ -52,7 +52,7 @@ def step(weight, optimizer, *per_sample_grads):
 
 @pytest.fixture
 def no_noise(monkeypatch):
-    monkeypatch.setattr(oso_module, "_generate_noise", lambda std, reference, **kwargs: torch.zeros_like(reference))
+    monkeypatch.setattr(oso_module, "gaussian_noise", lambda std, reference, **kwargs: torch.zeros_like(reference))
 
 
 # ---------------------------------------------------------------------------- update rule
@@ -112,21 +112,29 @@ def test_threshold_and_learning_rate_stay_finite_and_positive(rate):
 # ---------------------------------------------------------------------------- Proposition 1
 @pytest.mark.parametrize(
     "nu, nu_q",
-    [(0.5, 0.6), (1.0, 2.0), (2.5, default_noise_multiplier_q(2.5)), (10.0, 1e3)],
+    [(0.5, 0.6), (1.0, 2.0), (2.5, default_noise_multiplier_q(noise_multiplier=2.5)), (10.0, 1e3)],
     ids=["tight", "twice", "rule-of-thumb", "large"],
 )
 def test_split_composes_to_one_gaussian_at_nu(nu, nu_q):
     """Gaussian(ν_g) on the gradient (sensitivity C) ∘ Gaussian(ν_q) on Σq (sensitivity 1) = Gaussian(ν)."""
-    nu_g = gradient_noise_multiplier(nu, nu_q)
+    nu_g = gradient_noise_multiplier(noise_multiplier=nu, noise_multiplier_q=nu_q)
     assert nu_g > nu
-    composed = RDPCurve.gaussian(nu_g, ORDERS) + RDPCurve.gaussian(nu_q, ORDERS)
+    composed = RDPCurve.gaussian(noise_multiplier=nu_g, orders=ORDERS) + RDPCurve.gaussian(
+        noise_multiplier=nu_q, orders=ORDERS
+    )
     np.testing.assert_allclose(composed.epsilons, ORDERS / (2 * nu**2), rtol=1e-12)
-    np.testing.assert_allclose(composed.epsilons, RDPCurve.gaussian(nu, ORDERS).epsilons, rtol=1e-12)
+    np.testing.assert_allclose(
+        composed.epsilons, RDPCurve.gaussian(noise_multiplier=nu, orders=ORDERS).epsilons, rtol=1e-12
+    )
 
 
 def test_rule_of_thumb_is_one_percent_more_gradient_noise():
-    assert default_noise_multiplier_q(1.0) == pytest.approx(7.124, abs=1e-3)  # Galli et al., after Prop. 1
-    assert gradient_noise_multiplier(3.0, default_noise_multiplier_q(3.0)) == pytest.approx(3.03)
+    assert default_noise_multiplier_q(noise_multiplier=1.0) == pytest.approx(
+        7.124, abs=1e-3
+    )  # Galli et al., after Prop. 1
+    assert gradient_noise_multiplier(
+        noise_multiplier=3.0, noise_multiplier_q=default_noise_multiplier_q(noise_multiplier=3.0)
+    ) == pytest.approx(3.03)
 
 
 def test_drawn_noise_has_the_split_stds(monkeypatch):
@@ -136,14 +144,16 @@ def test_drawn_noise_has_the_split_stds(monkeypatch):
         drawn.append(std)
         return torch.zeros_like(reference)
 
-    monkeypatch.setattr(oso_module, "_generate_noise", record)
+    monkeypatch.setattr(oso_module, "gaussian_noise", record)
     nu, nu_q, clip = 1.5, 4.0, 0.7
     weight, optimizer = make_optimizer(clip_0=clip, nu=nu, nu_q=nu_q, rho_c=0.0)
     step(weight, optimizer, (3.0, 4.0), (0.0, 0.5))
     gradient_std, direction_std = drawn
     # In noise-multiplier units (std / sensitivity): gradient std/C, direction std/1.
     assert (gradient_std / clip) ** -2 + direction_std**-2 == pytest.approx(nu**-2)
-    assert direction_std == nu_q and gradient_std == pytest.approx(gradient_noise_multiplier(nu, nu_q) * clip)
+    assert direction_std == nu_q and gradient_std == pytest.approx(
+        gradient_noise_multiplier(noise_multiplier=nu, noise_multiplier_q=nu_q) * clip
+    )
 
 
 def test_one_example_moves_the_pair_by_at_most_one_multiplier_unit():
@@ -188,7 +198,7 @@ def test_oso_trial_reports_plain_dpsgd_plan(tmp_path):
     for mode in ("fixed", "oso"):
         config = {"lr": 0.5, "max_grad_norm": 0.5, "clipping": mode}
         spent = train(config, trainable.spec, lambda metrics, directory, mode=mode: reports.update({mode: metrics}))
-        assert spent == TrialSpend(64 / 1437, 1.2, 22)
+        assert spent == TrialSpend(sample_rate=64 / 1437, noise_multiplier=1.2, steps=22)
     assert reports["oso"]["dp_plan"] == reports["fixed"]["dp_plan"]
     assert reports["oso"]["dp_spent"] == reports["fixed"]["dp_spent"]
     space = {"lr": 0.5, "max_grad_norm": 0.5, "clipping": "oso", "oso_noise_multiplier_q": 2.0}

@@ -55,7 +55,9 @@ def val_loss(config, epoch):
 def scored_trainable(config):
     """Reports the score, a second metric and a checkpoint holding both after each epoch."""
     for epoch in range(1, EPOCHS + 1):
-        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, PLAN.steps * epoch // EPOCHS)
+        spent = TrialSpend(
+            sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=PLAN.steps * epoch // EPOCHS
+        )
         metrics = {"score": score(config, epoch), "val_loss": val_loss(config, epoch)}
         with tempfile.TemporaryDirectory() as folder:
             np.save(os.path.join(folder, "weights.npy"), np.array([metrics["score"], metrics["val_loss"]]))
@@ -219,11 +221,28 @@ class FakeTrial:
 def fake_grid(experiment, trials, **report):
     """A ResultGrid stand-in over a hand-made experiment folder (no Ray run)."""
     report = PrivacyReport(
-        search_id="s", searcher="RandomCountSearcher", mechanism={"kind": "composition", "params": {}},
-        guarantee={"epsilon": 1.0, "delta": DELTA}, threat_model="t", covers="c", details=report.pop("details", {}),
-        plan=None, score_privacy="public", trials={}, num_trials_planned=len(trials), num_trials_started=len(trials),
-        unaccounted_trials=[], metric="score", mode="max", law=None, density_ratio=None, seed=0, dataset=None,
-        ledger=report.pop("ledger", None), journal=None, restores=0,
+        search_id="s",
+        searcher="RandomCountSearcher",
+        mechanism={"kind": "composition", "params": {}},
+        guarantee={"epsilon": 1.0, "delta": DELTA},
+        threat_model="t",
+        covers="c",
+        details=report.pop("details", {}),
+        plan=None,
+        score_privacy="public",
+        trials={},
+        num_trials_planned=len(trials),
+        num_trials_started=len(trials),
+        unaccounted_trials=[],
+        metric="score",
+        mode="max",
+        law=None,
+        density_ratio=None,
+        seed=0,
+        dataset=None,
+        ledger=report.pop("ledger", None),
+        journal=None,
+        restores=0,
     )
     (experiment / REPORT_FILE).write_text(json.dumps(report.to_dict()))
 

@@ -50,19 +50,19 @@ def test_default_orders_reach_close_to_one_and_far():
 
 def test_mechanism_closed_forms():
     a = DEFAULT_ORDERS
-    np.testing.assert_allclose(RDPCurve.gaussian(2.0).epsilons, a / 8.0, rtol=1e-15)
-    np.testing.assert_allclose(RDPCurve.zcdp(0.3).epsilons, 0.3 * a, rtol=1e-15)
-    np.testing.assert_allclose(RDPCurve.pure(0.5).epsilons, np.minimum(0.5, a * 0.125), rtol=1e-15)
+    np.testing.assert_allclose(RDPCurve.gaussian(noise_multiplier=2.0).epsilons, a / 8.0, rtol=1e-15)
+    np.testing.assert_allclose(RDPCurve.zcdp(rho=0.3).epsilons, 0.3 * a, rtol=1e-15)
+    np.testing.assert_allclose(RDPCurve.pure(epsilon=0.5).epsilons, np.minimum(0.5, a * 0.125), rtol=1e-15)
     assert np.all(RDPCurve.zero().epsilons == 0)
     with pytest.raises(ValueError, match="noise_multiplier"):
-        RDPCurve.gaussian(0.0)
+        RDPCurve.gaussian(noise_multiplier=0.0)
     with pytest.raises(ValueError, match="rho"):
-        RDPCurve.zcdp(-1.0)
+        RDPCurve.zcdp(rho=-1.0)
 
 
 def test_composition_adds_and_multiplies():
-    g = RDPCurve.gaussian(3.0)
-    z = RDPCurve.zcdp(0.01)
+    g = RDPCurve.gaussian(noise_multiplier=3.0)
+    z = RDPCurve.zcdp(rho=0.01)
     np.testing.assert_allclose((g + z).epsilons, g.epsilons + z.epsilons)
     np.testing.assert_allclose((5 * g).epsilons, 5 * g.epsilons)
     assert 5 * g == g * 5 == g + g + g + g + g or np.allclose((5 * g).epsilons, (g + g + g + g + g).epsilons)
@@ -93,23 +93,23 @@ def test_smoothing_applies_monotonicity():
 @pytest.mark.parametrize("delta", [1e-10, 1e-6, 1e-3, 0.3])
 def test_conversion_matches_dp_accounting(curve_name, delta):
     curve = {
-        "gaussian": RDPCurve.gaussian(1.3, orders=DP_ORDERS),
-        "dpsgd": RDPCurve.subsampled_gaussian(0.02, 1.1, 500, orders=DP_ORDERS),
-        "composed": 30 * RDPCurve.gaussian(4.0, orders=DP_ORDERS),
+        "gaussian": RDPCurve.gaussian(noise_multiplier=1.3, orders=DP_ORDERS),
+        "dpsgd": RDPCurve.subsampled_gaussian(sample_rate=0.02, noise_multiplier=1.1, steps=500, orders=DP_ORDERS),
+        "composed": 30 * RDPCurve.gaussian(noise_multiplier=4.0, orders=DP_ORDERS),
     }[curve_name]
     theirs, _ = dp_rdp.compute_epsilon(curve.orders, curve.epsilons, delta)
-    assert curve.epsilon(delta) == pytest.approx(theirs, rel=1e-9, abs=1e-12)
+    assert curve.epsilon(delta=delta) == pytest.approx(theirs, rel=1e-9, abs=1e-12)
     eps = max(theirs, 0.5)
     their_delta, _ = dp_rdp.compute_delta(curve.orders, curve.epsilons, eps)
-    assert curve.delta(eps) == pytest.approx(their_delta, rel=1e-9, abs=1e-300)
+    assert curve.delta(epsilon=eps) == pytest.approx(their_delta, rel=1e-9, abs=1e-300)
 
 
 def test_epsilon_delta_round_trip():
-    curve = RDPCurve.subsampled_gaussian(0.01, 1.0, 1000)
+    curve = RDPCurve.subsampled_gaussian(sample_rate=0.01, noise_multiplier=1.0, steps=1000)
     for delta in (1e-8, 1e-5, 1e-2):
-        eps = curve.epsilon(delta)
-        assert curve.delta(eps) <= delta * (1 + 1e-9)
-        assert curve.delta(eps * 0.98) > delta
+        eps = curve.epsilon(delta=delta)
+        assert curve.delta(epsilon=eps) <= delta * (1 + 1e-9)
+        assert curve.delta(epsilon=eps * 0.98) > delta
 
 
 @pytest.mark.parametrize("rho", np.logspace(-5, 2, 15))
@@ -123,7 +123,7 @@ def test_default_grid_is_within_a_tenth_of_a_percent_of_the_continuous_optimum(r
         lambda lx: cks(1 + math.exp(lx)), bracket=(math.log(x_star) - 1, math.log(x_star) + 1), tol=1e-12
     )
     continuous = max(0.0, res.fun)
-    ours = RDPCurve.zcdp(rho).epsilon(delta)
+    ours = RDPCurve.zcdp(rho=rho).epsilon(delta=delta)
     assert ours >= continuous * (1 - 1e-9)
     assert ours <= continuous * (1 + 1e-3)
 
@@ -132,37 +132,37 @@ def test_subsampled_gaussian_matches_an_independent_implementation():
     """Opacus's analysis (Mironov, Talwar & Zhang 2019) on integer orders."""
     opacus_rdp = pytest.importorskip("opacus.accountants.analysis.rdp")
     orders = np.array([2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0])
-    ours = RDPCurve.subsampled_gaussian(0.02, 1.1, 300, orders=orders).epsilons
+    ours = RDPCurve.subsampled_gaussian(sample_rate=0.02, noise_multiplier=1.1, steps=300, orders=orders).epsilons
     theirs = opacus_rdp.compute_rdp(q=0.02, noise_multiplier=1.1, steps=300, orders=orders)
     np.testing.assert_allclose(ours, theirs, rtol=1e-6)
     # Without subsampling, DP-SGD is composition of Gaussians.
-    full = RDPCurve.subsampled_gaussian(1.0, 2.0, 7, orders=orders)
+    full = RDPCurve.subsampled_gaussian(sample_rate=1.0, noise_multiplier=2.0, steps=7, orders=orders)
     np.testing.assert_allclose(full.epsilons, 7 * orders / 8.0, rtol=1e-9)
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.236, 10.0])
 def test_gaussian_profile_is_exact(sigma):
-    profile = gaussian_profile(sigma)
+    profile = gaussian_profile(noise_multiplier=sigma)
     for delta in (1e-9, 1e-6, 1e-3):
         eps = get_epsilon_gaussian(sigma, delta)
         assert float(profile(np.array([eps]))[0]) == pytest.approx(delta, rel=1e-6)
     # RDP conversion can never beat the exact profile of the same mechanism.
-    curve = RDPCurve.gaussian(sigma)
+    curve = RDPCurve.gaussian(noise_multiplier=sigma)
     eps_grid = np.linspace(0.0, 8.0, 41)
-    assert np.all([curve.delta(e) >= p * (1 - 1e-9) for e, p in zip(eps_grid, profile(eps_grid))])
+    assert np.all([curve.delta(epsilon=e) >= p * (1 - 1e-9) for e, p in zip(eps_grid, profile(eps_grid))])
     assert np.all(np.diff(profile(eps_grid)) <= 0)
 
 
 def test_subsampled_gaussian_profile_is_an_upper_bound_tighter_than_rdp():
     q, sigma, steps = 0.05, 1.2, 50
-    profile = subsampled_gaussian_profile(q, sigma, steps)
-    curve = RDPCurve.subsampled_gaussian(q, sigma, steps)
+    profile = subsampled_gaussian_profile(sample_rate=q, noise_multiplier=sigma, steps=steps)
+    curve = RDPCurve.subsampled_gaussian(sample_rate=q, noise_multiplier=sigma, steps=steps)
     eps = np.array([0.5, 1.0, 2.0])
     pld = profile(eps)
-    assert np.all(pld <= [curve.delta(e) for e in eps])
+    assert np.all(pld <= [curve.delta(epsilon=e) for e in eps])
     # one unsampled step is the Gaussian mechanism: pessimistic PLD is above the exact value, by little
-    one = subsampled_gaussian_profile(1.0, sigma, 1)(eps)
-    exact = gaussian_profile(sigma)(eps)
+    one = subsampled_gaussian_profile(sample_rate=1.0, noise_multiplier=sigma, steps=1)(eps)
+    exact = gaussian_profile(noise_multiplier=sigma)(eps)
     assert np.all(one >= exact * (1 - 1e-12)) and np.allclose(one, exact, rtol=1e-2)
 
 
@@ -176,16 +176,16 @@ def test_record_round_trip_keeps_infinity():
 
 
 def test_epsilon_rejects_bad_delta():
-    curve = RDPCurve.gaussian(1.0)
+    curve = RDPCurve.gaussian(noise_multiplier=1.0)
     for bad in (0.0, 1.0, -1e-5, float("nan")):
         with pytest.raises(ValueError, match="delta"):
-            curve.epsilon(bad)
+            curve.epsilon(delta=bad)
     with pytest.raises(ValueError, match="epsilon"):
-        curve.delta(-1.0)
+        curve.delta(epsilon=-1.0)
 
 
 def test_subsampled_profile_accepts_any_order_of_epsilons():
-    profile = subsampled_gaussian_profile(0.05, 1.2, 20)
+    profile = subsampled_gaussian_profile(sample_rate=0.05, noise_multiplier=1.2, steps=20)
     eps = np.array([2.0, 0.5, 1.0])
     np.testing.assert_array_equal(profile(eps), profile(np.sort(eps))[[2, 0, 1]])
 
@@ -194,8 +194,17 @@ def test_subsampled_gaussian_on_the_thinned_grid_is_conservative():
     """Above 64 only every 4th order is computed; the others take the next one up."""
     from ray_dptune.accounting import mechanisms
 
-    thinned = mechanisms.subsampled_gaussian_rdp(0.01, 0.9, 200, DEFAULT_ORDERS)
-    full = np.array([mechanisms.subsampled_gaussian_rdp(0.01, 0.9, 200, np.array([a]))[0] for a in DEFAULT_ORDERS[::7]])
+    thinned = mechanisms.subsampled_gaussian_rdp(
+        sample_rate=0.01, noise_multiplier=0.9, steps=200, orders=DEFAULT_ORDERS
+    )
+    full = np.array(
+        [
+            mechanisms.subsampled_gaussian_rdp(sample_rate=0.01, noise_multiplier=0.9, steps=200, orders=np.array([a]))[
+                0
+            ]
+            for a in DEFAULT_ORDERS[::7]
+        ]
+    )
     assert np.all(thinned[::7] >= full * (1 - 1e-12))
     dense = DEFAULT_ORDERS[::7] <= 64
     np.testing.assert_allclose(thinned[::7][dense], full[dense], rtol=1e-12)

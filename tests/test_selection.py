@@ -21,7 +21,7 @@ from ray_dptune.distributions import (
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 SIGMA = math.sqrt(5.0)  # 0.1-zCDP
-BASE = RDPCurve.gaussian(SIGMA)
+BASE = RDPCurve.gaussian(noise_multiplier=SIGMA)
 DP_ORDERS = np.array(dp_rdp.DEFAULT_RDP_ORDERS, dtype=float)
 
 
@@ -64,7 +64,7 @@ def test_corollary_4_for_zcdp(eta):
     closed = (
         2 * math.sqrt(rho * math.log(law.mean)) + 2 * (1 + eta) * math.sqrt(rho * math.log(1 / law.gamma)) - eta * rho
     )
-    ours = repeat_and_select(RDPCurve.zcdp(rho), law)
+    ours = repeat_and_select(RDPCurve.zcdp(rho=rho), law)
     lam_star = 1 + math.sqrt(math.log(law.mean) / rho)
     below = ours.orders <= lam_star
     # a grid of λ̂ can lose at most the grid's resolution against the continuous λ̂ of Cor. 4
@@ -78,7 +78,7 @@ def test_corollary_3_for_pure_dp(eta):
     eps = 0.3
     orders = 1 + np.logspace(-2, 9, 400)
     law = TruncatedNegativeBinomial.from_mean(eta, 20.0)
-    ours = repeat_and_select(RDPCurve.pure(eps, orders), law)
+    ours = repeat_and_select(RDPCurve.pure(epsilon=eps, orders=orders), law)
     assert ours.epsilons[-1] <= (2 + eta) * eps * (1 + 1e-6)
     assert ours.epsilons[-1] == pytest.approx((2 + eta) * eps, rel=1e-3)
 
@@ -90,7 +90,7 @@ def test_dphypo_theorem_2_for_pure_dp(theta, ratio):
     eps = 0.3
     orders = 1 + np.logspace(-2, 9, 400)
     law = TruncatedNegativeBinomial.from_mean(theta, 20.0)
-    ours = repeat_and_select(RDPCurve.pure(eps, orders), law, density_ratio=ratio)
+    ours = repeat_and_select(RDPCurve.pure(epsilon=eps, orders=orders), law, density_ratio=ratio)
     expected = (2 + theta) * (eps + math.log(ratio))
     assert ours.epsilons[-1] <= expected * (1 + 1e-6)
     assert ours.epsilons[-1] == pytest.approx(expected, rel=1e-3)
@@ -114,14 +114,14 @@ def test_density_ratio_one_is_the_non_adaptive_bound_and_the_cost_grows_with_it(
     assert repeat_and_select(BASE, law, density_ratio=1.0) == plain
     near = repeat_and_select(BASE, law, density_ratio=1 + 1e-9)
     np.testing.assert_allclose(near.epsilons, plain.epsilons, rtol=1e-6)
-    eps = [repeat_and_select(BASE, law, density_ratio=r).epsilon(1e-6) for r in (1.0, 1.5, 2.0, 4.0)]
+    eps = [repeat_and_select(BASE, law, density_ratio=r).epsilon(delta=1e-6) for r in (1.0, 1.5, 2.0, 4.0)]
     assert eps == sorted(eps) and eps[0] < eps[-1]
 
 
 def test_poisson_theorem_6_by_hand():
     """Theorem 6's proof with the K = 0 atom kept: log(e^{-μ} + μ e^{(λ-1)(ε + μδ̂)}) / (λ-1)."""
     mu = 10.0
-    profile = gaussian_profile(SIGMA)
+    profile = gaussian_profile(noise_multiplier=SIGMA)
     ours = poisson_bound(BASE, Poisson(mu), base_delta=profile)
     lam = BASE.orders
     delta_hat = profile(np.log(lam / (lam - 1)))
@@ -131,24 +131,24 @@ def test_poisson_theorem_6_by_hand():
     # never below Theorem 6 as stated, and for μ = 10 the correction is tiny where it matters
     stated = BASE.epsilons + mu * delta_hat + math.log(mu) / (lam - 1)
     assert np.all(ours.epsilons >= np.minimum.accumulate(stated[::-1])[::-1] - 1e-12)
-    assert ours.epsilon(1e-6) == pytest.approx(RDPCurve(lam, stated).smoothed().epsilon(1e-6), rel=1e-5)
+    assert ours.epsilon(delta=1e-6) == pytest.approx(RDPCurve(lam, stated).smoothed().epsilon(delta=1e-6), rel=1e-5)
 
 
 def test_theorem_6_as_stated_is_impossible_for_a_small_mean():
     """With μ < 1 the stated bound goes negative as λ → 1, but RDP is never negative."""
     mu, lam = 0.5, 1.01
     eps = lam / (2 * SIGMA**2)
-    delta_hat = float(gaussian_profile(SIGMA)(np.array([math.log(lam / (lam - 1))]))[0])
+    delta_hat = float(gaussian_profile(noise_multiplier=SIGMA)(np.array([math.log(lam / (lam - 1))]))[0])
     assert eps + mu * delta_hat + math.log(mu) / (lam - 1) < 0
-    corrected = repeat_and_select(BASE, Poisson(mu), base_delta=gaussian_profile(SIGMA))
+    corrected = repeat_and_select(BASE, Poisson(mu), base_delta=gaussian_profile(noise_multiplier=SIGMA))
     assert np.all(corrected.epsilons > 0)
 
 
 def test_poisson_with_the_exact_gaussian_profile_beats_the_anchor():
     """ANCHORS: dp_accounting 4.607; Theorem 6 with the exact δ̂ gives ≈ 3.776."""
-    tuned = repeat_and_select(BASE, Poisson(10.0), base_delta=gaussian_profile(SIGMA))
-    assert tuned.epsilon(1e-6) <= 3.80
-    assert tuned.epsilon(1e-6) == pytest.approx(3.7755, abs=2e-3)
+    tuned = repeat_and_select(BASE, Poisson(10.0), base_delta=gaussian_profile(noise_multiplier=SIGMA))
+    assert tuned.epsilon(delta=1e-6) <= 3.80
+    assert tuned.epsilon(delta=1e-6) == pytest.approx(3.7755, abs=2e-3)
 
 
 def _dp_accounting_curve(mean, shape, sigma=SIGMA):
@@ -165,18 +165,18 @@ def test_never_looser_than_dp_accounting_on_the_same_base_curve(shape, mean):
     theirs = _dp_accounting_curve(mean, shape).rdp
     if shape == np.inf:
         theirs = add_no_run_atom((DP_ORDERS - 1) * theirs, math.exp(-mean), DP_ORDERS)
-    ours = repeat_and_select(RDPCurve.gaussian(SIGMA, orders=DP_ORDERS), law)
+    ours = repeat_and_select(RDPCurve.gaussian(noise_multiplier=SIGMA, orders=DP_ORDERS), law)
     assert np.all(ours.epsilons <= theirs * (1 + 1e-9))
     for delta in (1e-10, 1e-6, 1e-3):
         their_eps, _ = dp_rdp.compute_epsilon(DP_ORDERS, theirs, delta)
-        assert ours.epsilon(delta) <= their_eps * (1 + 1e-9)
+        assert ours.epsilon(delta=delta) <= their_eps * (1 + 1e-9)
 
 
 def test_same_method_as_dp_accounting_for_poisson_agrees_closely():
     """Theorem 6 with δ̂ from the RDP curve is dp_accounting's method: same numbers."""
     theirs = _dp_accounting_curve(10.0, np.inf)
-    ours = repeat_and_select(RDPCurve.gaussian(SIGMA, orders=DP_ORDERS), Poisson(10.0))
-    assert ours.epsilon(1e-6) == pytest.approx(theirs.get_epsilon(1e-6), rel=1e-3)
+    ours = repeat_and_select(RDPCurve.gaussian(noise_multiplier=SIGMA, orders=DP_ORDERS), Poisson(10.0))
+    assert ours.epsilon(delta=1e-6) == pytest.approx(theirs.get_epsilon(1e-6), rel=1e-3)
     assert theirs.get_epsilon(1e-6) == pytest.approx(4.6074, abs=1e-3)
 
 
@@ -187,14 +187,14 @@ def test_point_mass_is_composition_even_when_adaptive():
 
 def test_more_runs_cost_more():
     for make in (Poisson, Logarithmic.from_mean, Geometric.from_mean):
-        eps = [repeat_and_select(BASE, make(m)).epsilon(1e-6) for m in (2.0, 10.0, 100.0)]
+        eps = [repeat_and_select(BASE, make(m)).epsilon(delta=1e-6) for m in (2.0, 10.0, 100.0)]
         assert eps == sorted(eps)
 
 
 def test_random_count_search_beats_composition():
-    composed = (10 * BASE).epsilon(1e-6)
+    composed = (10 * BASE).epsilon(delta=1e-6)
     for law in (Poisson(10.0), Logarithmic.from_mean(10.0), Geometric.from_mean(10.0)):
-        assert repeat_and_select(BASE, law).epsilon(1e-6) < 0.6 * composed
+        assert repeat_and_select(BASE, law).epsilon(delta=1e-6) < 0.6 * composed
 
 
 class _OneTwoOrThree(RunCountDistribution):
@@ -223,7 +223,7 @@ class _OneTwoOrThree(RunCountDistribution):
 def test_any_law_is_covered_by_the_generic_lemma():
     curve = repeat_and_select(BASE, _OneTwoOrThree())
     # more than one run, less than composing its mean number of runs
-    assert BASE.epsilon(1e-6) < curve.epsilon(1e-6) < (2 * BASE).epsilon(1e-6)
+    assert BASE.epsilon(delta=1e-6) < curve.epsilon(delta=1e-6) < (2 * BASE).epsilon(delta=1e-6)
     with pytest.raises(UnsupportedBoundError):
         repeat_and_select(BASE, _OneTwoOrThree(), density_ratio=2.0)
 
@@ -240,14 +240,17 @@ def test_generic_lemma_tightens_the_closed_forms(law):
     closed = repeat_and_select(BASE, law)
     both = repeat_and_select(BASE, law, generic=True)
     assert np.all(both.epsilons <= closed.epsilons)
-    assert both.epsilon(1e-6) < closed.epsilon(1e-6)
+    assert both.epsilon(delta=1e-6) < closed.epsilon(delta=1e-6)
 
 
 @pytest.mark.slow
 def test_generic_bound_of_tnb_approaches_poisson_as_eta_grows():
-    poisson = generic_repeat_and_select(BASE, Poisson(10.0)).epsilon(1e-6)
+    poisson = generic_repeat_and_select(BASE, Poisson(10.0)).epsilon(delta=1e-6)
     gaps = [
-        abs(generic_repeat_and_select(BASE, TruncatedNegativeBinomial.from_mean(eta, 10.0)).epsilon(1e-6) - poisson)
+        abs(
+            generic_repeat_and_select(BASE, TruncatedNegativeBinomial.from_mean(eta, 10.0)).epsilon(delta=1e-6)
+            - poisson
+        )
         for eta in (3.0, 30.0, 300.0)
     ]
     assert gaps[0] > gaps[1] > gaps[2]
@@ -272,7 +275,7 @@ def test_invalid_arguments():
     with pytest.raises(TypeError, match="RunCountDistribution"):
         repeat_and_select(BASE, 10)
     with pytest.raises(ValueError, match="only used by the Poisson"):
-        repeat_and_select(BASE, Geometric(0.1), base_delta=gaussian_profile(SIGMA))
+        repeat_and_select(BASE, Geometric(0.1), base_delta=gaussian_profile(noise_multiplier=SIGMA))
     with pytest.raises(ValueError, match="same shape"):
         repeat_and_select(BASE, Poisson(3.0), base_delta=lambda eps: 0.1)
 

@@ -108,7 +108,7 @@ def test_plan_is_epochs_times_opacus_loader_length(digits):
     trainable = dp_trainable(digits_cnn, digits_data, noise_multiplier=2.5, batch_size=64, epochs=15)
     plan = trainable.privacy_plan({"lr": 0.5, "max_grad_norm": 1.0})
     assert len(DPDataLoader(train_set, sample_rate=64 / N_TRAIN)) == STEPS_PER_EPOCH
-    expected = TrialSpend(64 / N_TRAIN, 2.5, 15 * STEPS_PER_EPOCH)
+    expected = TrialSpend(sample_rate=64 / N_TRAIN, noise_multiplier=2.5, steps=15 * STEPS_PER_EPOCH)
     assert plan == expected
     np.testing.assert_array_equal(plan.curve().epsilons, expected.curve().epsilons)
     opacus_rdp = compute_rdp(q=64 / N_TRAIN, noise_multiplier=2.5, steps=330, orders=INTEGER_ORDERS)
@@ -120,7 +120,7 @@ def test_plan_counts_one_score_release_per_epoch():
         digits_cnn, digits_data, noise_multiplier=2.0, batch_size=64, epochs=3, score_noise_multiplier=4.0
     )
     plan = trainable.privacy_plan({}, dataset_size=N_TRAIN)
-    assert plan == TrialSpend(64 / N_TRAIN, 2.0, 3 * STEPS_PER_EPOCH, 4.0, 3)
+    assert plan == TrialSpend(sample_rate=64 / N_TRAIN, noise_multiplier=2.0, steps=3 * STEPS_PER_EPOCH, score_noise_multiplier=4.0, score_releases=3)
 
 
 @pytest.mark.parametrize(
@@ -132,15 +132,15 @@ def test_plan_counts_one_score_release_per_epoch():
                 "batch_size": tune.choice([64, 65]),
                 "epochs": tune.grid_search([2, 3]),
             },
-            TrialSpend(65 / N_TRAIN, 1.5, 3 * STEPS_PER_EPOCH),
+            TrialSpend(sample_rate=65 / N_TRAIN, noise_multiplier=1.5, steps=3 * STEPS_PER_EPOCH),
         ),
         (  # a σ choice; the upper end of an integer range of epochs (conservative: randint excludes it)
             {"noise_multiplier": tune.choice([3.0, 2.0]), "epochs": tune.randint(2, 5)},
-            TrialSpend(64 / N_TRAIN, 2.0, 5 * STEPS_PER_EPOCH),
+            TrialSpend(sample_rate=64 / N_TRAIN, noise_multiplier=2.0, steps=5 * STEPS_PER_EPOCH),
         ),
         (  # noisy scores cost more than public ones
             {"score_noise_multiplier": tune.choice([None, 8.0]), "epochs": 4},
-            TrialSpend(64 / N_TRAIN, 2.5, 4 * STEPS_PER_EPOCH, 8.0, 4),
+            TrialSpend(sample_rate=64 / N_TRAIN, noise_multiplier=2.5, steps=4 * STEPS_PER_EPOCH, score_noise_multiplier=8.0, score_releases=4),
         ),
     ],
     ids=["sigma-range-batch-choice-epoch-grid", "sigma-choice-epoch-range", "score-noise-choice"],
@@ -172,7 +172,7 @@ def test_space_plan_refuses_spaces_it_cannot_bound(space, message):
 def test_spent_matches_opacus_rdp_and_the_steps_taken(tmp_path, data_fn, optimizer_updates):
     spent, reports = run(tmp_path, data_fn, epochs=3)
     plan = TrialSpend.from_dict(reports.metrics[0]["dp_plan"])
-    assert plan == TrialSpend(64 / N_TRAIN, 1.0, 3 * STEPS_PER_EPOCH)
+    assert plan == TrialSpend(sample_rate=64 / N_TRAIN, noise_multiplier=1.0, steps=3 * STEPS_PER_EPOCH)
     for epoch, metrics in enumerate(reports.metrics, start=1):
         assert metrics["epoch"] == epoch
         assert TrialSpend.from_dict(metrics["dp_plan"]) == plan
@@ -186,7 +186,7 @@ def test_spent_matches_opacus_rdp_and_the_steps_taken(tmp_path, data_fn, optimiz
 
 def test_step_guard_stops_at_the_plan(tmp_path, data_fn, optimizer_updates, monkeypatch):
     def short_plan(params, dataset_size):
-        return TrialSpend(params.batch_size / dataset_size, float(params.noise_multiplier), 10)
+        return TrialSpend(sample_rate=params.batch_size / dataset_size, noise_multiplier=float(params.noise_multiplier), steps=10)
 
     monkeypatch.setattr(loop_module, "trial_plan", short_plan)
     with pytest.raises(PrivacyError, match="exceed the trial's plan of 10 steps"):
@@ -195,7 +195,7 @@ def test_step_guard_stops_at_the_plan(tmp_path, data_fn, optimizer_updates, monk
 
 
 def test_ledger_counts_and_refuses():
-    plan = TrialSpend(0.1, 1.0, 2, score_noise_multiplier=3.0, score_releases=1)
+    plan = TrialSpend(sample_rate=0.1, noise_multiplier=1.0, steps=2, score_noise_multiplier=3.0, score_releases=1)
     ledger = PrivacyLedger(plan)
     ledger.step_hook(None)
     ledger.step_hook(None)
@@ -206,7 +206,7 @@ def test_ledger_counts_and_refuses():
     with pytest.raises(PrivacyError, match="Score release 2"):
         ledger.release_score()
     with pytest.raises(PrivacyError, match="does not fit"):
-        PrivacyLedger(plan, TrialSpend(0.2, 1.0, 1))
+        PrivacyLedger(plan, TrialSpend(sample_rate=0.2, noise_multiplier=1.0, steps=1))
 
 
 # ---------------------------------------------------------------------------- scores

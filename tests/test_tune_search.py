@@ -35,7 +35,7 @@ DELTA = 1e-5
 def fake_dp_trainable(config):
     """Reports a score and its spend after each of 4 'epochs' of 10 steps."""
     for epoch in range(1, 5):
-        spent = TrialSpend(PLAN.sample_rate, PLAN.noise_multiplier, 10 * epoch)
+        spent = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=10 * epoch)
         tune.report({"score": config["x"] + 0.01 * epoch, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
 
 
@@ -77,7 +77,7 @@ def test_exactly_k_trials_run(tmp_path, k):
     if k == 0:
         assert release_best(results).config == {}  # nothing ran: a data-independent release
     else:
-        expected = repeat_and_select(PLAN.curve(), law).epsilon(DELTA)
+        expected = repeat_and_select(PLAN.curve(), law).epsilon(delta=DELTA)
         assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
         assert report["guarantee"]["charged_attempts"] == 0
         assert all(len(t["attempts"]) == 1 for t in report["trials"].values())
@@ -93,7 +93,7 @@ def test_report_and_release_of_the_best_trial_only(tmp_path):
     assert report["seed"] == 7 and report["metric"] == "score" and report["mode"] == "max"
     assert "released output only" in report["covers"]
     assert report["score_privacy"].startswith("public validation data")
-    assert report["guarantee"]["epsilon"] == pytest.approx((4 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+    assert report["guarantee"]["epsilon"] == pytest.approx((4 * PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
     for trial in report["trials"].values():
         assert trial["attempts"][0]["spent"] == PLAN.to_dict()
 
@@ -113,7 +113,7 @@ def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
     def flaky(config):
         fake_dp_trainable(config) if marker.exists() else None
         if not marker.exists():
-            tune.report({"score": 0.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(0.05, 1.5, 10).to_dict()})
+            tune.report({"score": 0.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10).to_dict()})
             marker.touch()
             raise RuntimeError("simulated node loss")
 
@@ -123,13 +123,13 @@ def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
     attempts = next(iter(report["trials"].values()))["attempts"]
     assert [a["state"] for a in attempts] == ["failed", "completed"]
     # the failed attempt may have spent up to its plan: composed on top of the selection bound
-    assert report["guarantee"]["epsilon"] == pytest.approx((2 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
-    assert report["guarantee"]["epsilon"] > PLAN.curve().epsilon(DELTA)
+    assert report["guarantee"]["epsilon"] == pytest.approx((2 * PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
+    assert report["guarantee"]["epsilon"] > PLAN.curve().epsilon(delta=DELTA)
 
 
 def test_spending_above_the_plan_stops_the_search(tmp_path):
     def greedy(config):
-        tune.report({"score": 1.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(0.05, 1.5, 41).to_dict()})
+        tune.report({"score": 1.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=41).to_dict()})
 
     with pytest.raises(Exception, match="above its plan"):
         run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), greedy)
@@ -177,7 +177,7 @@ def test_adaptive_early_stopping_is_refused(tmp_path):
         private_tune_config(searcher, scheduler=ASHAScheduler())
 
     def stopped_early(config):  # what ASHA does to a trial: it ends before its plan
-        tune.report({"score": 1.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(0.05, 1.5, 10).to_dict()})
+        tune.report({"score": 1.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10).to_dict()})
 
     with pytest.raises(Exception, match="stopped early"):
         run(tmp_path, searcher, stopped_early)
@@ -242,7 +242,7 @@ def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
     assert report["num_trials_planned"] == 3 == report["num_trials_started"]
     states = sorted(tuple(a["state"] for a in t["attempts"]) for t in report["trials"].values())
     assert states == [("completed",), ("completed",), ("failed", "completed")]
-    expected = (3 * PLAN.curve() + PLAN.curve()).epsilon(DELTA)  # selection (k=3) + the failed attempt
+    expected = (3 * PLAN.curve() + PLAN.curve()).epsilon(delta=DELTA)  # selection (k=3) + the failed attempt
     assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
 
 
@@ -277,7 +277,7 @@ def test_end_to_end_with_dp_sgd_on_digits(tmp_path):
     results = tuner.fit()
     assert len(results) == 2 and all(r.error is None for r in results)
     report = read_report(results)
-    assert report["guarantee"]["epsilon"] == pytest.approx((2 * plan.curve()).epsilon(DELTA), rel=1e-12)
+    assert report["guarantee"]["epsilon"] == pytest.approx((2 * plan.curve()).epsilon(delta=DELTA), rel=1e-12)
     for trial in report["trials"].values():
         assert trial["attempts"][-1]["spent"] == plan.to_dict()  # every trial spent exactly its plan
 
@@ -308,11 +308,11 @@ def test_the_ledger_composes_searches_on_one_dataset(tmp_path):
         ledger=ledger,
         dataset="digits",
     )
-    one_search = (2 * PLAN.curve()).epsilon(DELTA)
+    one_search = (2 * PLAN.curve()).epsilon(delta=DELTA)
     assert read_report(first)["guarantee"]["epsilon_dataset"] == pytest.approx(one_search, rel=1e-12)
     report = read_report(second)
     assert report["guarantee"]["epsilon"] == pytest.approx(one_search, rel=1e-12)
-    assert report["guarantee"]["epsilon_dataset"] == pytest.approx((4 * PLAN.curve()).epsilon(DELTA), rel=1e-12)
+    assert report["guarantee"]["epsilon_dataset"] == pytest.approx((4 * PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
     assert len(ledger.searches("digits")) == 2
     # re-running until the results look good is accounted: a target on the dataset total refuses a third
     with pytest.raises(Exception, match="dataset 'digits'"):

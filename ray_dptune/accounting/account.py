@@ -60,11 +60,11 @@ class Mechanism:
             raise ValueError(f"Unknown search mechanism {self.kind!r}; expected one of {_KINDS}.")
 
     @classmethod
-    def random_count(
-        cls, *, law: RunCountDistribution, num_trials: int, density_ratio: float = 1.0
-    ) -> Mechanism:
+    def random_count(cls, *, law: RunCountDistribution, num_trials: int, density_ratio: float = 1.0) -> Mechanism:
         """K ~ ``law`` runs, best released: P&S 2022 Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1."""
-        return cls("random_count", {"law": law.to_dict(), "num_trials": int(num_trials), "density_ratio": float(density_ratio)})
+        return cls(
+            "random_count", {"law": law.to_dict(), "num_trials": int(num_trials), "density_ratio": float(density_ratio)}
+        )
 
     @classmethod
     def constant_overhead(cls, *, epsilon_round: float, max_rounds: int) -> Mechanism:
@@ -76,7 +76,9 @@ class Mechanism:
         """A searcher's own (ε, δ)-DP release (DP-BO, Kusner et al. 2015); trials are not accounted."""
         if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta < 1):
             raise ValueError(f"A release needs ε >= 0 finite and δ in [0, 1), got ({epsilon}, {delta}).")
-        return cls("release", {"epsilon": float(epsilon), "delta": float(delta), "description": dict(description or {})})
+        return cls(
+            "release", {"epsilon": float(epsilon), "delta": float(delta), "description": dict(description or {})}
+        )
 
     @classmethod
     def composition(cls) -> Mechanism:
@@ -101,11 +103,11 @@ class Mechanism:
         that ran (each costs ``max_rounds`` rounds; at least one is charged from the start).
         """
         if self.kind == "random_count":
-            return repeat_and_select(
-                plan, self.law, density_ratio=self.params["density_ratio"], generic=generic
-            )
+            return repeat_and_select(plan, self.law, density_ratio=self.params["density_ratio"], generic=generic)
         if self.kind == "constant_overhead":
-            rounds = svt_curve(self.params["epsilon_round"], self.params["max_rounds"], plan.orders)
+            rounds = svt_curve(
+                epsilon=self.params["epsilon_round"], rounds=self.params["max_rounds"], orders=plan.orders
+            )
             return max(1, selections) * rounds + plan
         return RDPCurve.zero(plan.orders)
 
@@ -167,7 +169,7 @@ def compose_with_releases(
             f"The approximate-DP releases need δ = {release_delta:g} in all, at least the requested δ = {delta:g}: "
             "no (ε, δ) at that δ covers them. Ask for a larger δ."
         )
-    rdp = 0.0 if curve is None else curve.epsilon(rdp_delta * (1.0 - 1e-12))  # conservative rounding of δ
+    rdp = 0.0 if curve is None else curve.epsilon(delta=rdp_delta * (1.0 - 1e-12))  # conservative rounding of δ
     return rdp + release_epsilon
 
 
@@ -322,14 +324,14 @@ class SearchAccount:
         adaptivity = None
         if mechanism.kind == "random_count" and mechanism.params["density_ratio"] > 1.0:
             uniform = repeat_and_select(plan_curve, mechanism.law, generic=self.generic)
-            adaptivity = selection.epsilon(self.delta) - uniform.epsilon(self.delta)
+            adaptivity = selection.epsilon(delta=self.delta) - uniform.epsilon(delta=self.delta)
         return Guarantee(
-            epsilon=total.epsilon(self.delta),
+            epsilon=total.epsilon(delta=self.delta),
             delta=self.delta,
             curve=total,
             charged_attempts=charged,
-            epsilon_selection=selection.epsilon(self.delta),
-            epsilon_one_trial=plan_curve.epsilon(self.delta),
+            epsilon_selection=selection.epsilon(delta=self.delta),
+            epsilon_one_trial=plan_curve.epsilon(delta=self.delta),
             epsilon_adaptivity=adaptivity,
         )
 

@@ -38,7 +38,7 @@ def _no_underflow(values: np.ndarray, cap: float = 2.0 * UNDERFLOW) -> np.ndarra
     return np.where(values < UNDERFLOW, cap, values)
 
 
-def gaussian_rdp(noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
+def gaussian_rdp(*, noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
     """α / (2σ²): Gaussian mechanism with sensitivity 1 (Mironov 2017, Prop. 7).
 
     Overflow gives inf; for σ ≥ 1e150, where σ² overflows, α/σ/(2σ) is used instead.
@@ -49,7 +49,7 @@ def gaussian_rdp(noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
     return _no_underflow(values)
 
 
-def zcdp_rdp(rho: float, orders: np.ndarray) -> np.ndarray:
+def zcdp_rdp(*, rho: float, orders: np.ndarray) -> np.ndarray:
     """ρα: the definition of ρ-zCDP (Bun & Steinke 2016, Def. 1.1)."""
     rho = validate.non_negative("rho", rho)
     with np.errstate(over="ignore", under="ignore"):
@@ -57,7 +57,7 @@ def zcdp_rdp(rho: float, orders: np.ndarray) -> np.ndarray:
     return _no_underflow(values) if rho > 0 else values
 
 
-def pure_dp_rdp(epsilon: float, orders: np.ndarray) -> np.ndarray:
+def pure_dp_rdp(*, epsilon: float, orders: np.ndarray) -> np.ndarray:
     """min(ε, αε²/2) for an ε-DP mechanism.
 
     D_α ≤ D_∞ ≤ ε, and ε-DP implies ε²/2-zCDP (Bun & Steinke 2016, Prop. 3.3).
@@ -69,7 +69,9 @@ def pure_dp_rdp(epsilon: float, orders: np.ndarray) -> np.ndarray:
     return _no_underflow(values, min(epsilon, 2.0 * UNDERFLOW)) if epsilon > 0 else values
 
 
-def subsampled_gaussian_rdp(sample_rate: float, noise_multiplier: float, steps: int, orders: np.ndarray) -> np.ndarray:
+def subsampled_gaussian_rdp(
+    *, sample_rate: float, noise_multiplier: float, steps: int, orders: np.ndarray
+) -> np.ndarray:
     """RDP of ``steps`` Poisson-subsampled Gaussian steps (DP-SGD), add/remove-one.
 
     Computed by dp_accounting's RdpAccountant (Mironov, Talwar & Zhang 2019), which
@@ -87,14 +89,16 @@ def subsampled_gaussian_rdp(sample_rate: float, noise_multiplier: float, steps: 
         return np.zeros_like(orders)
     low, high = DP_ACCOUNTING_NOISE_RANGE
     if not low <= noise_multiplier <= high:  # subsampling never costs more than the full batch
-        return _composed(gaussian_rdp(noise_multiplier, orders), steps)
+        return _composed(gaussian_rdp(noise_multiplier=noise_multiplier, orders=orders), steps)
     computed = _computed_orders(orders)
     epsilons = np.full(orders.shape, np.inf)
     if computed.any():
         known_orders = orders[computed]
         known = _dp_accounting_rdp(sample_rate, noise_multiplier, known_orders)
         # NaN or a negative RDP is rounding noise of dp_accounting's series: the Gaussian bound replaces it.
-        known = np.where(np.isnan(known) | (known < 0), gaussian_rdp(noise_multiplier, known_orders), known)
+        known = np.where(
+            np.isnan(known) | (known < 0), gaussian_rdp(noise_multiplier=noise_multiplier, orders=known_orders), known
+        )
         fill = (orders <= SUBSAMPLED_GAUSSIAN_MAX_ORDER) & ~computed
         epsilons[computed] = known
         epsilons[fill] = known[np.searchsorted(known_orders, orders[fill], side="left")]
@@ -138,7 +142,7 @@ def _check_dpsgd(sample_rate: float, noise_multiplier: float, steps: int) -> tup
     )
 
 
-def gaussian_profile(noise_multiplier: float) -> DeltaProfile:
+def gaussian_profile(*, noise_multiplier: float) -> DeltaProfile:
     """Exact δ(ε) of the Gaussian mechanism with sensitivity 1.
 
     Balle & Wang (2018), "Improving the Gaussian Mechanism", Theorem 8:
@@ -172,7 +176,7 @@ def _subsampled_gaussian_pld(sample_rate: float, noise_multiplier: float, steps:
 
 
 def subsampled_gaussian_profile(
-    sample_rate: float, noise_multiplier: float, steps: int, *, discretization: float = 1e-4
+    *, sample_rate: float, noise_multiplier: float, steps: int, discretization: float = 1e-4
 ) -> DeltaProfile:
     """δ(ε) of DP-SGD from dp_accounting's privacy loss distribution accountant.
 

@@ -76,30 +76,35 @@ class RDPCurve:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def gaussian(cls, noise_multiplier: float, orders: np.ndarray | None = None) -> RDPCurve:
+    def gaussian(cls, *, noise_multiplier: float, orders: np.ndarray | None = None) -> RDPCurve:
         """Gaussian mechanism, sensitivity 1: ε(α) = α/(2σ²)."""
         orders = _orders_or_default(orders)
-        return cls(orders, mechanisms.gaussian_rdp(noise_multiplier, orders))
+        return cls(orders, mechanisms.gaussian_rdp(noise_multiplier=noise_multiplier, orders=orders))
 
     @classmethod
-    def zcdp(cls, rho: float, orders: np.ndarray | None = None) -> RDPCurve:
+    def zcdp(cls, *, rho: float, orders: np.ndarray | None = None) -> RDPCurve:
         """ρ-zCDP: ε(α) = ρα."""
         orders = _orders_or_default(orders)
-        return cls(orders, mechanisms.zcdp_rdp(rho, orders))
+        return cls(orders, mechanisms.zcdp_rdp(rho=rho, orders=orders))
 
     @classmethod
-    def pure(cls, epsilon: float, orders: np.ndarray | None = None) -> RDPCurve:
+    def pure(cls, *, epsilon: float, orders: np.ndarray | None = None) -> RDPCurve:
         """ε-DP: ε(α) = min(ε, αε²/2)."""
         orders = _orders_or_default(orders)
-        return cls(orders, mechanisms.pure_dp_rdp(epsilon, orders))
+        return cls(orders, mechanisms.pure_dp_rdp(epsilon=epsilon, orders=orders))
 
     @classmethod
     def subsampled_gaussian(
-        cls, sample_rate: float, noise_multiplier: float, steps: int, orders: np.ndarray | None = None
+        cls, *, sample_rate: float, noise_multiplier: float, steps: int, orders: np.ndarray | None = None
     ) -> RDPCurve:
         """DP-SGD: ``steps`` Poisson-subsampled Gaussian steps (via dp_accounting)."""
         orders = _orders_or_default(orders)
-        return cls(orders, mechanisms.subsampled_gaussian_rdp(sample_rate, noise_multiplier, steps, orders))
+        return cls(
+            orders,
+            mechanisms.subsampled_gaussian_rdp(
+                sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=orders
+            ),
+        )
 
     @classmethod
     def zero(cls, orders: np.ndarray | None = None) -> RDPCurve:
@@ -168,7 +173,7 @@ class RDPCurve:
         return bool(np.all(other.at(self.orders) <= self.epsilons))
 
     # ------------------------------------------------------------------ (ε, δ)
-    def epsilon(self, delta: float) -> float:
+    def epsilon(self, *, delta: float) -> float:
         """Smallest ε with (ε, δ)-DP implied by the curve.
 
         Canonne, Kamath & Steinke (2020), arXiv:2004.00010v4, Proposition 12:
@@ -176,9 +181,9 @@ class RDPCurve:
         ε = 0 where δ ≥ √(1 - e^{-ε(α)}), since KL ≤ D_α and TV ≤ √(1 - e^{-KL})
         (Bretagnolle–Huber).
         """
-        return self.epsilon_and_order(delta)[0]
+        return self.epsilon_and_order(delta=delta)[0]
 
-    def epsilon_and_order(self, delta: float) -> tuple[float, float]:
+    def epsilon_and_order(self, *, delta: float) -> tuple[float, float]:
         """(ε, the order attaining it) for :meth:`epsilon`."""
         delta = _check_delta(delta)
         alpha, r = self.orders, self.epsilons
@@ -190,7 +195,7 @@ class RDPCurve:
         value = max(0.0, float(eps[best]))
         return value * (1.0 + _ROUNDING_MARGIN), float(alpha[best])
 
-    def delta(self, epsilon: float) -> float:
+    def delta(self, *, epsilon: float) -> float:
         """Smallest δ with (ε, δ)-DP implied by the curve (the inverse of :meth:`epsilon`).
 
         CKS 2020, Prop. 12: δ = exp((α-1)(ε(α) - ε)) (1 - 1/α)^(α-1) / α, and the

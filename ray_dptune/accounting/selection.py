@@ -45,7 +45,7 @@ def truncated_negative_binomial_bound(
     (and λ̂ = 1, allowed by P&S Theorem 2, footnote 4). The expression is
     increasing in ε̂, so any upper bound ε̂ ≥ D_λ̂ is valid.
     """
-    log_ratio = math.log(check_density_ratio(density_ratio))
+    log_ratio = math.log(check_density_ratio(density_ratio=density_ratio))
     base = base.smoothed()
     eta, gamma = law.eta, law.gamma
     log_odds = math.log1p(-gamma) - math.log(gamma)  # log(1/γ - 1)
@@ -139,7 +139,7 @@ def repeat_and_select(
         raise TypeError(f"base must be an RDPCurve, got {type(base).__name__}.")
     if not isinstance(distribution, RunCountDistribution):
         raise TypeError(f"distribution must be a RunCountDistribution, got {type(distribution).__name__}.")
-    density_ratio = check_density_ratio(density_ratio)
+    density_ratio = check_density_ratio(density_ratio=density_ratio)
     if base_delta is not None and not isinstance(distribution, Poisson):
         raise ValueError("base_delta is only used by the Poisson bound (P&S Theorem 6); drop it for this law.")
     adaptive = density_ratio > 1.0
@@ -165,6 +165,6 @@ def repeat_and_select(
     return bound.smoothed()
 
 
-def check_density_ratio(density_ratio: float) -> float:
+def check_density_ratio(*, density_ratio: float) -> float:
     """C/c as a finite float >= 1 (c <= 1 <= C)."""
     return validate.in_range("density_ratio", density_ratio, 1.0, note=" (C/c, with c <= 1 <= C)")

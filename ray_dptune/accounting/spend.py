@@ -19,7 +19,7 @@ from ray_dptune.accounting.rdp import RDPCurve
 __all__ = ["TrialSpend", "curve_from_report", "parse_report", "report_covers"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrialSpend:
     """DP-SGD with Poisson sampling, then ``score_releases`` Gaussian score releases.
 
@@ -51,9 +51,13 @@ class TrialSpend:
 
     def curve(self, orders: np.ndarray | None = None) -> RDPCurve:
         """The RDP curve: subsampled Gaussian over the steps, composed with the scores."""
-        curve = RDPCurve.subsampled_gaussian(self.sample_rate, self.noise_multiplier, self.steps, orders)
+        curve = RDPCurve.subsampled_gaussian(
+            sample_rate=self.sample_rate, noise_multiplier=self.noise_multiplier, steps=self.steps, orders=orders
+        )
         if self.score_releases:
-            curve = curve + self.score_releases * RDPCurve.gaussian(self.score_noise_multiplier, curve.orders)
+            curve = curve + self.score_releases * RDPCurve.gaussian(
+                noise_multiplier=self.score_noise_multiplier, orders=curve.orders
+            )
         return curve
 
     def covers(self, other: TrialSpend) -> bool:

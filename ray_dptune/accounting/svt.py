@@ -108,7 +108,9 @@ class SVTParams:
         k = validate.positive_int("partitions", self.partitions, maximum=MAX_PARTITIONS)
         eps = validate.finite_positive("epsilon", self.epsilon)
         g = validate.in_range("granularity", self.granularity, MIN_GRANULARITY, 1.0, open_right=True)
-        u0 = validate.in_range("initial_utility", self.initial_utility, 0.0, 1.0, open_right=True, note=" (an accuracy)")
+        u0 = validate.in_range(
+            "initial_utility", self.initial_utility, 0.0, 1.0, open_right=True, note=" (an accuracy)"
+        )
         object.__setattr__(self, "partitions", k)
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "granularity", g)
@@ -338,7 +340,7 @@ def default_max_rounds(params: SVTParams) -> int:
 # ---------------------------------------------------------------------- accounting
 
 
-def svt_curve(epsilon: float, rounds: int, orders: np.ndarray | None = None) -> RDPCurve:
+def svt_curve(*, epsilon: float, rounds: int, orders: np.ndarray | None = None) -> RDPCurve:
     """RDP of ``rounds`` adaptively composed ε-DP rounds: rounds · min(ε, αε²/2).
 
     Each round is ε-DP (Dwork & Roth Thm 3.23; Ding et al. Thm 3, part I); ε-DP gives
@@ -346,4 +348,4 @@ def svt_curve(epsilon: float, rounds: int, orders: np.ndarray | None = None) -> 
     adaptively by addition (Mironov 2017, Prop. 1). Pass T_max, never the rounds used.
     """
     rounds = validate.positive_int("rounds", rounds)
-    return RDPCurve.pure(epsilon, orders) * rounds
+    return RDPCurve.pure(epsilon=epsilon, orders=orders) * rounds

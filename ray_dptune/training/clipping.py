@@ -164,7 +164,9 @@ def clipping_from_config(
             clipbound_lr=_number(config, "clipbound_lr", QUANTILE_DEFAULT_CLIPBOUND_LR, low=0.0),
             unclipped_num_std=_number(config, "unclipped_num_std", default_unclipped_num_std(batch_size), low=0.0),
         )
-        quantile_gradient_noise_multiplier(noise_multiplier, settings.unclipped_num_std)
+        quantile_gradient_noise_multiplier(
+            noise_multiplier=noise_multiplier, unclipped_num_std=settings.unclipped_num_std
+        )
         return settings
     if optimizer != "sgd":
         raise ValueError(
@@ -174,10 +176,10 @@ def clipping_from_config(
         rho_c=_number(config, "oso_rho_c", OSO_DEFAULT_RATE, low=0.0),
         rho_r=_number(config, "oso_rho_r", OSO_DEFAULT_RATE, low=0.0),
         noise_multiplier_q=_number(
-            config, "oso_noise_multiplier_q", default_noise_multiplier_q(noise_multiplier), low=0.0
+            config, "oso_noise_multiplier_q", default_noise_multiplier_q(noise_multiplier=noise_multiplier), low=0.0
         ),
     )
-    gradient_noise_multiplier(noise_multiplier, settings.noise_multiplier_q)
+    gradient_noise_multiplier(noise_multiplier=noise_multiplier, noise_multiplier_q=settings.noise_multiplier_q)
     return settings
 
 

@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 from opacus.optimizers import DPOptimizer
-from opacus.optimizers.optimizer import _check_processed_flag, _generate_noise, _mark_as_processed
 
 __all__ = [
     "LOG_LIMIT",
     "OSO_DEFAULT_RATE",
     "OSODPOptimizer",
     "default_noise_multiplier_q",
+    "gaussian_noise",
     "gradient_noise_multiplier",
     "per_sample_norms",
 ]
@@ -46,7 +46,7 @@ depend on it: the noise is always ν_g times the threshold actually used for cli
 _NORM_EPSILON = 1e-6  # Opacus's margin in C / (norm + 1e-6): clipped norms stay <= C, directions <= 1
 
 
-def gradient_noise_multiplier(noise_multiplier: float, noise_multiplier_q: float) -> float:
+def gradient_noise_multiplier(*, noise_multiplier: float, noise_multiplier_q: float) -> float:
     """ν_g = (ν⁻² − ν_q⁻²)^(-1/2), the gradient's share of a step of multiplier ν (Proposition 1).
 
     Raises:
@@ -56,12 +56,12 @@ def gradient_noise_multiplier(noise_multiplier: float, noise_multiplier_q: float
         raise ValueError(
             f"OSO-DPSGD needs 0 < noise_multiplier < oso_noise_multiplier_q (Galli et al., Proposition 1), "
             f"got ν = {noise_multiplier} and ν_q = {noise_multiplier_q}; the paper's rule of thumb is "
-            f"ν_q ≈ 7.124·ν = {default_noise_multiplier_q(noise_multiplier):.4g}."
+            f"ν_q ≈ 7.124·ν = {default_noise_multiplier_q(noise_multiplier=noise_multiplier):.4g}."
         )
     return (noise_multiplier**-2 - noise_multiplier_q**-2) ** -0.5
 
 
-def default_noise_multiplier_q(noise_multiplier: float) -> float:
+def default_noise_multiplier_q(*, noise_multiplier: float) -> float:
     """ν_q ≈ 7.124·ν: the paper's rule of thumb, which makes ν_g 1% larger than ν (after Proposition 1)."""
     return noise_multiplier / math.sqrt(1.0 - 1.01**-2)
 
@@ -132,7 +132,9 @@ class OSODPOptimizer(DPOptimizer):
         Raises:
             ValueError: ν_q <= ν, a negative rate, or parameter groups with different rates.
         """
-        self.gradient_noise_multiplier = gradient_noise_multiplier(noise_multiplier, noise_multiplier_q)
+        self.gradient_noise_multiplier = gradient_noise_multiplier(
+            noise_multiplier=noise_multiplier, noise_multiplier_q=noise_multiplier_q
+        )
         for name, rate in (("clip_rate", clip_rate), ("lr_rate", lr_rate)):
             if not 0 <= rate < math.inf:
                 raise ValueError(f"OSO-DPSGD's {name} must be a finite number >= 0, got {rate!r}.")
@@ -165,31 +167,29 @@ class OSODPOptimizer(DPOptimizer):
         return math.exp(self._log_lr)
 
     def clip_and_accumulate(self) -> None:
-        """Sums ḡ_t(z) (line 7) into ``p.summed_grad`` and q_t(z) (line 8, Eq. 11) per parameter."""
+        """Sums ḡ_t(z) (line 7) into ``p.summed_grad`` (Opacus's own clipping) and q_t(z) (line 8, Eq. 11)."""
         norms = per_sample_norms(self.grad_samples)
         clip_factor = (self.max_grad_norm / (norms + _NORM_EPSILON)).clamp(max=1.0)
         # Clipped examples (factor < 1) have q = g/||g||, i.e. ḡ/C: norm <= 1 with Opacus's margin.
         direction_factor = torch.where(clip_factor < 1.0, 1.0 / (norms + _NORM_EPSILON), torch.zeros_like(norms))
         for index, p in enumerate(self.params):
-            _check_processed_flag(p.grad_sample)
             grad_sample = self._get_flat_grad_sample(p).to(p.dtype)
-            grad = torch.einsum("i,i...", clip_factor.to(grad_sample.device, p.dtype), grad_sample)
             q = torch.einsum("i,i...", direction_factor.to(grad_sample.device, p.dtype), grad_sample)
-            p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
             summed_q = self._summed_q[index]
             self._summed_q[index] = q if summed_q is None else summed_q + q
-            _mark_as_processed(p.grad_sample)
+        super().clip_and_accumulate()  # checks and marks each grad_sample as used, as every DP-SGD step
 
     def add_noise(self) -> None:
-        """g̃ ← Σḡ + N(0, (ν_g·C_t)²) (lines 10-11) and q̃ ← Σq + N(0, ν_q²) (line 13, Proposition 1)."""
-        noisy_q = []
-        for p, summed_q in zip(self.params, self._summed_q):
-            _check_processed_flag(p.summed_grad)
-            std = self.gradient_noise_multiplier * self.max_grad_norm
-            p.grad = (p.summed_grad + self._noise(std, p.summed_grad)).view_as(p)
-            noisy_q.append(summed_q + self._noise(self.noise_multiplier_q, summed_q))
-            _mark_as_processed(p.summed_grad)
-        self._noisy_q = noisy_q
+        """g̃ ← Σḡ + N(0, (ν_g·C_t)²) (lines 10-11) and q̃ ← Σq + N(0, ν_q²) (line 13, Proposition 1).
+
+        A sum is never noised twice: Opacus's clipping (above) refuses per-sample gradients
+        already used, so each step's sums are fresh.
+        """
+        noise = {"generator": self.generator, "secure": self.secure_mode}
+        std = self.gradient_noise_multiplier * self.max_grad_norm
+        for p in self.params:
+            p.grad = (p.summed_grad + gaussian_noise(std, p.summed_grad, **noise)).view_as(p)
+        self._noisy_q = [summed + gaussian_noise(self.noise_multiplier_q, summed, **noise) for summed in self._summed_q]
 
     def scale_grad(self) -> None:
         """Divides g̃ and q̃ by the expected batch size (the 1/|B| of lines 11 and 13)."""
@@ -244,8 +244,26 @@ class OSODPOptimizer(DPOptimizer):
         for group in self.original_optimizer.param_groups:
             group["lr"] = math.exp(self._log_lr)
 
-    def _noise(self, std: float, reference: torch.Tensor) -> torch.Tensor:
-        return _generate_noise(std=std, reference=reference, generator=self.generator, secure_mode=self.secure_mode)
+
+def gaussian_noise(
+    std: float, reference: torch.Tensor, *, generator: torch.Generator | None = None, secure: bool = False
+) -> torch.Tensor:
+    """N(0, std²) noise shaped like ``reference``.
+
+    ``secure``: the floating-point-safe sampler of Holohan & Braghin (2021, arXiv:2107.10138,
+    §5.1, n = 2), as Opacus's ``secure_mode``: the sum of 4 draws halved, after one
+    discarded draw, so the low bits of a sample do not reveal the unnoised value.
+    """
+    shape = dict(size=reference.shape, device=reference.device, generator=generator)
+    if std == 0:
+        return torch.zeros_like(reference)
+    if not secure:
+        return torch.normal(mean=0.0, std=std, dtype=reference.dtype, **shape)
+    torch.normal(mean=0.0, std=std, size=(1, 1), device=reference.device, generator=generator)
+    total = torch.zeros_like(reference)
+    for _ in range(4):
+        total += torch.normal(mean=0.0, std=std, **shape)
+    return total / 2
 
 
 def _sign_of_dot(current: list[torch.Tensor], previous: list[torch.Tensor] | None) -> float:

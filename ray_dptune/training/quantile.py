@@ -22,8 +22,7 @@ import math
 from typing import Any
 
 import torch
-from opacus.optimizers import AdaClipDPOptimizer
-from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
 
 from ray_dptune.training.oso import LOG_LIMIT, per_sample_norms
 
@@ -44,7 +43,7 @@ QUANTILE_DEFAULT_CLIPBOUND_LR = 0.2
 _NORM_EPSILON = 1e-6  # Opacus's margin in C / (norm + 1e-6)
 
 
-def quantile_gradient_noise_multiplier(noise_multiplier: float, unclipped_num_std: float) -> float:
+def quantile_gradient_noise_multiplier(*, noise_multiplier: float, unclipped_num_std: float) -> float:
     """σ_g = (ν⁻² − (2σ_b)⁻²)^(-1/2), the gradient's share for a count of sensitivity ½ (Theorem 1).
 
     Raises:
@@ -91,7 +90,7 @@ class QuantileClipDPOptimizer(AdaClipDPOptimizer):
         Raises:
             ValueError: ν >= 2σ_b.
         """
-        quantile_gradient_noise_multiplier(noise_multiplier, unclipped_num_std)
+        quantile_gradient_noise_multiplier(noise_multiplier=noise_multiplier, unclipped_num_std=unclipped_num_std)
         super().__init__(
             optimizer,
             noise_multiplier=noise_multiplier,
@@ -113,12 +112,7 @@ class QuantileClipDPOptimizer(AdaClipDPOptimizer):
         half = torch.where(clip_factor < 1.0, -0.5, 0.5) * (norms > 0)
         self.sample_size += len(norms)
         self.unclipped_num = self.unclipped_num + half.sum()
-        for p in self.params:
-            _check_processed_flag(p.grad_sample)
-            grad_sample = self._get_flat_grad_sample(p).to(p.dtype)
-            grad = torch.einsum("i,i...", clip_factor.to(grad_sample.device, p.dtype), grad_sample)
-            p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
-            _mark_as_processed(p.grad_sample)
+        DPOptimizer.clip_and_accumulate(self)  # plain DP-SGD clipping (AdaClip's would count its own bits)
 
     def update_max_grad_norm(self) -> None:
         """C_{t+1} = C_t·exp(−η_C(b̃ − γ)), b̃ = (noisy Σ (b_i − ½) + m/2) / m in [0, 1], m the expected batch size."""

@@ -85,7 +85,12 @@ class PrivacyLedger:
         Raises:
             PrivacyError: ``spent`` is another mechanism than ``plan``'s, or exceeds it.
         """
-        spent = spent or TrialSpend(plan.sample_rate, plan.noise_multiplier, 0, plan.score_noise_multiplier)
+        spent = spent or TrialSpend(
+            sample_rate=plan.sample_rate,
+            noise_multiplier=plan.noise_multiplier,
+            steps=0,
+            score_noise_multiplier=plan.score_noise_multiplier,
+        )
         same_mechanism = (spent.sample_rate, spent.noise_multiplier) == (plan.sample_rate, plan.noise_multiplier)
         if not (same_mechanism and plan.covers(spent)):
             raise PrivacyError(f"The recorded spending {spent} does not fit the trial's plan {plan}.")
@@ -97,11 +102,11 @@ class PrivacyLedger:
     def spent(self) -> TrialSpend:
         """The steps taken and scores released so far, as a record."""
         return TrialSpend(
-            self.plan.sample_rate,
-            self.plan.noise_multiplier,
-            self.steps,
-            self.plan.score_noise_multiplier,
-            self.score_releases,
+            sample_rate=self.plan.sample_rate,
+            noise_multiplier=self.plan.noise_multiplier,
+            steps=self.steps,
+            score_noise_multiplier=self.plan.score_noise_multiplier,
+            score_releases=self.score_releases,
         )
 
     def step_hook(self, optimizer: DPOptimizer) -> None:
