@@ -38,7 +38,7 @@ import numpy as np
 from ray_dptune.accounting.account import Guarantee, compose_with_releases
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
-from ray_dptune.store import SQLiteStore
+from ray_dptune.store import SQLiteStore, StoreError
 
 __all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger"]
 
@@ -209,6 +209,39 @@ class PrivacyLedger:
             rows = db.execute(query + " ORDER BY created, rowid", () if dataset is None else (dataset,)).fetchall()
         return [_search_record(row, delta=delta, curves=curves) for row in rows]
 
+    def dataset_summary(self, dataset: str, *, delta: float, curves: bool = False) -> dict[str, Any]:
+        """``dataset``'s total at ``delta`` and its searches, JSON-ready (``ray-dptune ledger``).
+
+        Keys: epsilon (:meth:`dataset_epsilon`; None, with the reason in ``note``, where
+        the total has no bound at ``delta``), note, num_searches, charged_attempts,
+        release_epsilon, release_delta (basic composition, Dwork & Roth 2014, Thm 3.16),
+        searches (:meth:`searches`, non-finite ε as None).
+
+        Raises:
+            StoreError: the file cannot be read.
+        """
+        searches = self.searches(dataset, delta=delta, curves=curves)
+        for search in searches:
+            search["epsilon"] = _finite_or_none(search["epsilon"])
+        epsilon, note = None, None
+        try:
+            epsilon = _finite_or_none(self.dataset_epsilon(dataset, delta=delta))
+        except StoreError:
+            raise
+        except PrivacyError as error:
+            note = str(error)
+        if epsilon is None and note is None:
+            note = f"the searches' curves give no finite ε at δ = {delta:g}."
+        return {
+            "epsilon": epsilon,
+            "note": note,
+            "num_searches": len(searches),
+            "charged_attempts": sum(search["charged_attempts"] for search in searches),
+            "release_epsilon": math.fsum(search["release_epsilon"] for search in searches),
+            "release_delta": math.fsum(search["release_delta"] for search in searches),
+            "searches": searches,
+        }
+
     def close(self) -> None:
         """Closes this process's connection (the next call reopens it)."""
         self._store.close()
@@ -332,3 +365,7 @@ def _own_epsilon(row: Mapping[str, Any], curve: RDPCurve | None, delta: float) -
     return compose_with_releases(
         curve, release_epsilon=row["release_epsilon"], release_delta=row["release_delta"], delta=delta
     )
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else value

@@ -35,32 +35,32 @@ def test_gaussian_poisson_json_matches_the_library(capsys: pytest.CaptureFixture
     row = rows_by_law(report)["poisson"]
     sigma = float(SIGMA_TEXT)
 
-    expected = repeat_and_select(RDPCurve.gaussian(sigma), Poisson(10), base_delta=gaussian_profile(sigma)).epsilon(
-        DELTA
+    expected = repeat_and_select(RDPCurve.gaussian(noise_multiplier=sigma), Poisson(10), base_delta=gaussian_profile(noise_multiplier=sigma)).epsilon(
+        delta=DELTA
     )
     assert row["epsilon"] == expected  # same inputs, same code path: bit for bit
     assert row["epsilon"] == pytest.approx(
-        repeat_and_select(RDPCurve.gaussian(SIGMA), Poisson(10), base_delta=gaussian_profile(SIGMA)).epsilon(DELTA),
+        repeat_and_select(RDPCurve.gaussian(noise_multiplier=SIGMA), Poisson(10), base_delta=gaussian_profile(noise_multiplier=SIGMA)).epsilon(delta=DELTA),
         rel=1e-9,
     )
     assert row["composition_runs"] == 10
-    assert row["epsilon_composition"] == (10 * RDPCurve.gaussian(sigma)).epsilon(DELTA)
+    assert row["epsilon_composition"] == (10 * RDPCurve.gaussian(noise_multiplier=sigma)).epsilon(delta=DELTA)
     assert row["epsilon"] < row["epsilon_composition"]
     assert row["ratio"] == pytest.approx(row["epsilon"] / row["epsilon_composition"])
     assert row["mean"] == 10.0
     assert row["expected_quantile"] == pytest.approx(1 - (1 - math.exp(-10)) / 10, rel=1e-12)
     assert row["success_probability"] == pytest.approx(1 - math.exp(-10 * 0.01), rel=1e-12)
-    assert row["epsilon_one_run"] == pytest.approx(RDPCurve.gaussian(sigma).epsilon(DELTA), rel=1e-12)
+    assert row["epsilon_one_run"] == pytest.approx(RDPCurve.gaussian(noise_multiplier=sigma).epsilon(delta=DELTA), rel=1e-12)
     assert report["delta"] == DELTA
     assert report["base"]["mechanism"] == "gaussian"
     # The exact profile helps: without it the Poisson bound is looser.
-    assert row["epsilon"] < repeat_and_select(RDPCurve.gaussian(sigma), Poisson(10)).epsilon(DELTA)
+    assert row["epsilon"] < repeat_and_select(RDPCurve.gaussian(noise_multiplier=sigma), Poisson(10)).epsilon(delta=DELTA)
 
 
 def test_default_laws_and_their_exact_means(capsys: pytest.CaptureFixture[str]) -> None:
     report = run_json(capsys, "--zcdp", "0.1", "--mean", "10", "30")
     assert [row["law"] for row in report["rows"]] == ["poisson", "logarithmic", "tnb:0.5", "geometric"] * 2
-    base = RDPCurve.zcdp(0.1)
+    base = RDPCurve.zcdp(rho=0.1)
     for row in report["rows"]:
         requested = row["requested_mean"]
         law = {
@@ -70,8 +70,8 @@ def test_default_laws_and_their_exact_means(capsys: pytest.CaptureFixture[str]) 
             "geometric": Geometric.from_mean(requested),
         }[row["law"]]
         assert row["mean"] == law.mean <= requested
-        assert row["epsilon"] == repeat_and_select(base, law).epsilon(DELTA)
-        assert row["epsilon_composition"] == (int(requested) * base).epsilon(DELTA)
+        assert row["epsilon"] == repeat_and_select(base, law).epsilon(delta=DELTA)
+        assert row["epsilon_composition"] == (int(requested) * base).epsilon(delta=DELTA)
         assert row["expected_quantile"] == law.expected_quantile()
         assert row["success_probability"] == law.success_probability(0.01)
         assert row["epsilon"] < row["epsilon_composition"]
@@ -82,7 +82,7 @@ def test_success_p_and_composition_rounds_mean_up(capsys: pytest.CaptureFixture[
     row = rows_by_law(report)["geometric"]
     law = Geometric.from_mean(7.5)
     assert row["composition_runs"] == 8
-    assert row["epsilon_composition"] == pytest.approx((8 * RDPCurve.zcdp(0.1)).epsilon(DELTA), rel=1e-12)
+    assert row["epsilon_composition"] == pytest.approx((8 * RDPCurve.zcdp(rho=0.1)).epsilon(delta=DELTA), rel=1e-12)
     assert row["success_probability"] == pytest.approx(law.success_probability(0.05), rel=1e-12)
     assert report["success_p"] == 0.05
 
@@ -90,7 +90,7 @@ def test_success_p_and_composition_rounds_mean_up(capsys: pytest.CaptureFixture[
 def test_generic_is_never_looser(capsys: pytest.CaptureFixture[str]) -> None:
     plain = rows_by_law(run_json(capsys, "--zcdp", "0.1", "--law", "logarithmic"))["logarithmic"]
     generic = rows_by_law(run_json(capsys, "--zcdp", "0.1", "--law", "logarithmic", "--generic"))["logarithmic"]
-    expected = repeat_and_select(RDPCurve.zcdp(0.1), Logarithmic.from_mean(10), generic=True).epsilon(DELTA)
+    expected = repeat_and_select(RDPCurve.zcdp(rho=0.1), Logarithmic.from_mean(10), generic=True).epsilon(delta=DELTA)
     assert generic["epsilon"] == pytest.approx(expected, rel=1e-12)
     assert generic["epsilon"] <= plain["epsilon"]
 
@@ -99,22 +99,22 @@ def test_dpsgd_with_and_without_exact_profile(capsys: pytest.CaptureFixture[str]
     args = ["--dpsgd", "0.01", "1.0", "100", "--law", "poisson", "--law", "tnb:0.5"]
     plain = rows_by_law(run_json(capsys, *args))
     exact = rows_by_law(run_json(capsys, *args, "--exact-profile"))
-    base = RDPCurve.subsampled_gaussian(0.01, 1.0, 100)
-    assert plain["poisson"]["epsilon"] == pytest.approx(repeat_and_select(base, Poisson(10)).epsilon(DELTA), rel=1e-12)
+    base = RDPCurve.subsampled_gaussian(sample_rate=0.01, noise_multiplier=1.0, steps=100)
+    assert plain["poisson"]["epsilon"] == pytest.approx(repeat_and_select(base, Poisson(10)).epsilon(delta=DELTA), rel=1e-12)
     assert plain["tnb:0.5"]["epsilon"] == pytest.approx(
-        repeat_and_select(base, TruncatedNegativeBinomial.from_mean(0.5, 10)).epsilon(DELTA), rel=1e-12
+        repeat_and_select(base, TruncatedNegativeBinomial.from_mean(0.5, 10)).epsilon(delta=DELTA), rel=1e-12
     )
-    profile = subsampled_gaussian_profile(0.01, 1.0, 100)
-    assert exact["poisson"]["epsilon"] == repeat_and_select(base, Poisson(10), base_delta=profile).epsilon(DELTA)
-    assert base.epsilon(DELTA) <= exact["poisson"]["epsilon"] < plain["poisson"]["epsilon"]
+    profile = subsampled_gaussian_profile(sample_rate=0.01, noise_multiplier=1.0, steps=100)
+    assert exact["poisson"]["epsilon"] == repeat_and_select(base, Poisson(10), base_delta=profile).epsilon(delta=DELTA)
+    assert base.epsilon(delta=DELTA) <= exact["poisson"]["epsilon"] < plain["poisson"]["epsilon"]
     assert exact["tnb:0.5"]["epsilon"] == plain["tnb:0.5"]["epsilon"]
 
 
 def test_poisson_below_one_run_on_average(capsys: pytest.CaptureFixture[str]) -> None:
     """Poisson with E[K] < 1 is valid: K = 0 (no run) is likely, and ε stays above 0."""
     row = rows_by_law(run_json(capsys, "--gaussian", SIGMA_TEXT, "--mean", "0.5", "--law", "poisson"))["poisson"]
-    expected = repeat_and_select(RDPCurve.gaussian(SIGMA), Poisson(0.5), base_delta=gaussian_profile(SIGMA))
-    assert row["epsilon"] == pytest.approx(expected.epsilon(DELTA), rel=1e-12)
+    expected = repeat_and_select(RDPCurve.gaussian(noise_multiplier=SIGMA), Poisson(0.5), base_delta=gaussian_profile(noise_multiplier=SIGMA))
+    assert row["epsilon"] == pytest.approx(expected.epsilon(delta=DELTA), rel=1e-12)
     assert row["epsilon"] > 0
 
 
@@ -126,11 +126,11 @@ def test_table_has_header_and_a_row_per_law(capsys: pytest.CaptureFixture[str]) 
     for law in ("poisson", "logarithmic", "tnb:0.5", "geometric"):
         assert sum(line.startswith(law + " ") for line in lines) == 2
     poisson_row = next(line for line in lines if line.startswith("poisson "))
-    epsilon = repeat_and_select(RDPCurve.gaussian(SIGMA), Poisson(10), base_delta=gaussian_profile(SIGMA)).epsilon(
-        DELTA
+    epsilon = repeat_and_select(RDPCurve.gaussian(noise_multiplier=SIGMA), Poisson(10), base_delta=gaussian_profile(noise_multiplier=SIGMA)).epsilon(
+        delta=DELTA
     )
     assert f"{epsilon:.4f}" in poisson_row
-    assert f"{(10 * RDPCurve.gaussian(SIGMA)).epsilon(DELTA):.4f}" in poisson_row
+    assert f"{(10 * RDPCurve.gaussian(noise_multiplier=SIGMA)).epsilon(delta=DELTA):.4f}" in poisson_row
     assert "composition" in out
 
 

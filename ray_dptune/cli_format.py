@@ -1,0 +1,217 @@
+"""What ``ray-dptune`` prints and draws: tables, JSON documents and the plan's plot.
+
+Pure formatting of numbers computed by :mod:`ray_dptune.planning`,
+:meth:`ray_dptune.ledger.PrivacyLedger.dataset_summary` and
+:func:`ray_dptune.journal.journal_summary`; matplotlib is imported only to draw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ray_dptune.planning import BaseMechanism, LawSpec, epsilon_curves
+
+__all__ = [
+    "PLOT_MAX_MEAN",
+    "check_plot_path",
+    "format_journal",
+    "format_ledger_table",
+    "format_plan",
+    "plan_json",
+    "plot_epsilon_vs_mean",
+]
+
+PLOT_POINTS = 25
+PLOT_MAX_MEAN = 1000.0
+
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # (title, row key, format)
+    ("law", "law", "s"),
+    ("E[K]", "mean", ".6g"),
+    ("ε search", "epsilon", ".4f"),
+    ("k", "composition_runs", "d"),
+    ("ε compose k", "epsilon_composition", ".4f"),
+    ("ratio", "ratio", ".3f"),
+    ("E[quantile]", "expected_quantile", ".4f"),
+    ("P[success]", "success_probability", ".4f"),
+    ("ε one run", "epsilon_one_run", ".4f"),
+)
+
+
+def _cell(value: Any, spec: str) -> str:
+    """One table cell; non-finite numbers print as ``inf`` or ``-`` (undefined)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else "-"
+    return format(value, spec)
+
+
+def _align(cells: Sequence[Sequence[str]]) -> tuple[list[str], list[int]]:
+    """Rows of cells, the first column left-aligned and the others right-aligned; and the column widths."""
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    lines = [
+        "  ".join([line[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(line[1:], widths[1:], strict=True))])
+        for line in cells
+    ]
+    return lines, widths
+
+
+def format_plan(
+    base: BaseMechanism,
+    rows: Sequence[dict[str, Any]],
+    *,
+    delta: float,
+    success_p: float,
+    generic: bool,
+    plot: Path | None,
+) -> str:
+    """The ``plan`` table of :func:`~ray_dptune.planning.plan_rows`, with its header and notes."""
+    bounds = "closed-form bounds and numeric P&S Lemma 7" if generic else "closed-form bounds"
+    cells = [[title for title, _, _ in _COLUMNS]]
+    cells += [[_cell(row[key], spec) for _, key, spec in _COLUMNS] for row in rows]
+    lines, widths = _align(cells)
+    table = [line.rstrip() for line in lines]
+    table.insert(1, "  ".join("-" * width for width in widths))
+    out = [
+        f"Base (one run): {base.description}; ε = {base.epsilon(delta=delta):.4g} at δ = {delta:g}",
+        f"Whole search at δ = {delta:g} ({bounds}); P[success] with p = {success_p:g} per run",
+        "",
+        *table,
+        "",
+        "E[K]: exact mean of the law (a truncated negative binomial's is the largest not above --mean).",
+        "k = ceil(mean) runs all released, by composition; ratio = ε search / ε compose k.",
+    ]
+    if plot is not None:
+        out.append(f"Plot written to {plot}")
+    return "\n".join(out)
+
+
+def _json_number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def plan_json(
+    base: BaseMechanism,
+    rows: Sequence[dict[str, Any]],
+    *,
+    delta: float,
+    success_p: float,
+    generic: bool,
+    plot: Path | None,
+) -> dict[str, Any]:
+    """The ``plan --json`` document: the base, the settings and the rows (non-finite numbers as null)."""
+    clean_rows = [
+        {key: _json_number(value) if isinstance(value, float) else value for key, value in row.items()} for row in rows
+    ]
+    return {
+        "base": {**base.params, "description": base.description},
+        "delta": delta,
+        "success_p": success_p,
+        "generic": bool(generic),
+        "epsilon_one_run": _json_number(base.epsilon(delta=delta)),
+        "rows": clean_rows,
+        "plot": str(plot) if plot is not None else None,
+    }
+
+
+def format_ledger_table(path: Path, totals: dict[str, dict[str, Any]], *, delta: float) -> str:
+    """The ``ledger show`` table of :meth:`~ray_dptune.ledger.PrivacyLedger.dataset_summary`: a row per dataset."""
+    cells = [("dataset", "searches", "charged attempts", "release ε", "release δ", "ε total")]
+    for name, total in totals.items():
+        cells.append(
+            (
+                name,
+                str(total["num_searches"]),
+                str(total["charged_attempts"]),
+                f"{total['release_epsilon']:.4g}",
+                f"{total['release_delta']:.3g}",
+                "-" if total["epsilon"] is None else f"{total['epsilon']:.4f}",
+            )
+        )
+    notes = [f"{name}: {total['note']}" for name, total in totals.items() if total["note"]]
+    return "\n".join(
+        [
+            f"Privacy ledger {path}: every search composed per dataset, at δ = {delta:g}",
+            "(RDP curves added, Mironov 2017 Prop. 1; releases by basic composition, Dwork & Roth Thm 3.16)",
+            "",
+            *_align(cells)[0],
+            *([""] + notes if notes else []),
+        ]
+    )
+
+
+def format_journal(summary: dict[str, Any]) -> str:
+    """The ``journal`` lines of :func:`~ray_dptune.journal.journal_summary`."""
+    guarantee = summary["guarantee"]
+    epsilon = "n/a (no plan recorded)" if guarantee["epsilon"] is None else f"{guarantee['epsilon']:.6g}"
+    attempts = ", ".join(f"{count} {state}" for state, count in sorted(summary["attempts"].items())) or "none"
+    return (
+        f"search {summary['search_id']} ({summary['searcher']}, {summary['mechanism']['kind']}): "
+        f"{summary['trials']} trial(s); attempts: {attempts}; restores: {summary['restores']}\n"
+        f"(ε = {epsilon}, δ = {guarantee['delta']:g}) with {guarantee['charged_attempts']} attempt(s) charged "
+        "beyond the selection bound (every attempt left live counts as run)"
+    )
+
+
+def check_plot_path(path: Path) -> None:
+    """Fails early (before any computation) on a missing folder or an unknown image format.
+
+    Raises:
+        ValueError: naming ``--plot``.
+    """
+    from matplotlib.figure import Figure
+
+    if not path.parent.is_dir():
+        raise ValueError(f"--plot {path}: folder {path.parent} does not exist")
+    suffix = path.suffix.lstrip(".").lower()
+    supported = Figure().canvas.get_supported_filetypes()
+    if suffix not in supported:
+        raise ValueError(f"--plot {path}: unknown image format {suffix!r}; use one of {', '.join(sorted(supported))}")
+
+
+def plot_epsilon_vs_mean(
+    path: Path,
+    base: BaseMechanism,
+    laws: Sequence[LawSpec],
+    *,
+    delta: float,
+    generic: bool = False,
+    means: Sequence[float] = (),
+) -> None:
+    """Draws ε of the whole search against E[K] (P&S Figure 4 style) into ``path``.
+
+    Args:
+        path: image file; its extension picks the format.
+        base: the mechanism every run satisfies.
+        laws: one line per law, plus a "composition" line.
+        delta: δ of the whole search.
+        generic: also use the numeric P&S Lemma 7 bound.
+        means: the requested means, marked by dotted vertical lines.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    top = max([PLOT_MAX_MEAN, *means])
+    by_law, (runs, composed) = epsilon_curves(base, laws, delta=delta, top=top, points=PLOT_POINTS, generic=generic)
+    figure = Figure(figsize=(7.0, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    highest = 0.0
+    for name, (xs, ys) in by_law.items():
+        highest = max([highest, *(y for y in ys if math.isfinite(y))])
+        axes.plot(xs, ys, label=name)
+    axes.plot(runs, composed, color="black", linestyle="--", label="composition")
+    for mean in means:
+        axes.axvline(mean, color="grey", linestyle=":", linewidth=0.8)
+    axes.set_xscale("log")
+    axes.set_xlim(1.0, top)
+    if highest > 0:
+        axes.set_ylim(0.0, 1.3 * highest)  # composition leaves the frame, as in P&S Figure 4
+    axes.set_xlabel("expected number of runs E[K]")
+    axes.set_ylabel(f"ε of the whole search (δ = {delta:g})")
+    axes.set_title(base.description, fontsize=9)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.savefig(path, dpi=120)
