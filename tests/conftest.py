@@ -36,6 +36,13 @@ FAST_MODULES = {
 """Pure-math and bookkeeping modules: ``pytest -m fast`` runs their tests not marked slow, in seconds."""
 
 
+def pytest_ignore_collect(collection_path, config):
+    """``-m fast`` alone does not import the modules that need Ray or torch (collection is most of its time)."""
+    if config.getoption("markexpr", "") == "fast" and collection_path.suffix == ".py":
+        return collection_path.name.startswith("test_") and collection_path.name not in FAST_MODULES
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """Marks the fast tests; orders math first, then the multi-node tests (own clusters), then the shared Ray session's."""
     for item in items:

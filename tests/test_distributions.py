@@ -123,6 +123,7 @@ def _chi_square_pvalue(law, samples):
     return stats.chisquare(obs_bins[keep], exp_bins[keep] * obs_bins[keep].sum() / exp_bins[keep].sum()).pvalue
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in LAWS if not n.startswith("point")])
 def test_sampling_is_exact_goodness_of_fit(name):
     law = LAWS[name]

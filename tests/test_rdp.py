@@ -128,6 +128,7 @@ def test_default_grid_is_within_a_tenth_of_a_percent_of_the_continuous_optimum(r
     assert ours <= continuous * (1 + 1e-3)
 
 
+@pytest.mark.slow
 def test_subsampled_gaussian_matches_an_independent_implementation():
     """Opacus's analysis (Mironov, Talwar & Zhang 2019) on integer orders."""
     opacus_rdp = pytest.importorskip("opacus.accountants.analysis.rdp")
@@ -153,6 +154,7 @@ def test_gaussian_profile_is_exact(sigma):
     assert np.all(np.diff(profile(eps_grid)) <= 0)
 
 
+@pytest.mark.slow
 def test_subsampled_gaussian_profile_is_an_upper_bound_tighter_than_rdp():
     q, sigma, steps = 0.05, 1.2, 50
     profile = subsampled_gaussian_profile(sample_rate=q, noise_multiplier=sigma, steps=steps)
@@ -184,6 +186,7 @@ def test_epsilon_rejects_bad_delta():
         curve.delta(epsilon=-1.0)
 
 
+@pytest.mark.slow
 def test_subsampled_profile_accepts_any_order_of_epsilons():
     profile = subsampled_gaussian_profile(sample_rate=0.05, noise_multiplier=1.2, steps=20)
     eps = np.array([2.0, 0.5, 1.0])

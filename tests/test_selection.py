@@ -37,6 +37,7 @@ def theorem_2(eps, eps_hat, lam, lam_hat, law, log_ratio=0.0):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eta", [-0.5, 0.0, 0.5, 1.0, 3.0])
 @pytest.mark.parametrize("mean", [2.0, 10.0, 1000.0])
 def test_tnb_bound_is_at_most_theorem_2_at_every_pair_of_grid_orders(eta, mean):
