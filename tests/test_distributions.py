@@ -12,6 +12,7 @@ from ray_dptune.distributions import (
     Logarithmic,
     PointMass,
     Poisson,
+    RunCountDistribution,
     TruncatedNegativeBinomial,
     distribution_from_dict,
     secure_rng,
@@ -31,29 +32,74 @@ LAWS = {
 K = np.arange(0, 20000)
 
 
-@pytest.mark.parametrize("name", LAWS)
-def test_pmf_sums_to_one_and_matches_mean(name):
-    law = LAWS[name]
-    pmf = law.pmf(K)
-    assert pmf.sum() == pytest.approx(1.0, abs=1e-9)
-    assert (pmf * K).sum() == pytest.approx(law.mean, rel=1e-8)
+class UniformOneToThree(RunCountDistribution):
+    """A law a user might write (K uniform on {1, 2, 3}): the contract holds for it too."""
+
+    mean = 2.0
+
+    def pmf(self, k):
+        k = np.asarray(k, dtype=float)
+        return np.where(np.isin(k, [1.0, 2.0, 3.0]), 1 / 3, 0.0)
+
+    def pgf(self, x):
+        x = np.asarray(x, dtype=float)
+        return (x + x**2 + x**3) / 3
+
+    def log_pgf_derivative(self, x):
+        x = np.asarray(x, dtype=float)
+        return np.log((1 + 2 * x + 3 * x**2) / 3)
+
+    def sample(self, rng=None):
+        return 1 + int(secure_rng(rng).integers(3))
+
+    def to_dict(self):
+        return {"law": "uniform_one_to_three"}
 
 
-@pytest.mark.parametrize("name", LAWS)
-@pytest.mark.parametrize("x", [0.0, 0.3, 0.9, 0.999])
-def test_pgf_and_derivative_match_the_series(name, x):
-    law = LAWS[name]
-    pmf = law.pmf(K)
-    assert float(law.pgf(x)) == pytest.approx((pmf * x**K).sum(), rel=1e-9, abs=1e-15)
-    series = (pmf[1:] * K[1:] * x ** (K[1:] - 1)).sum()
-    assert float(law.pgf_derivative(x)) == pytest.approx(series, rel=1e-8, abs=1e-15)
+@pytest.fixture(params=[*LAWS.values(), UniformOneToThree()], ids=[*LAWS, "user-law"])
+def law(request):
+    return request.param
 
 
-@pytest.mark.parametrize("name", LAWS)
-def test_pgf_derivative_at_one_is_the_mean(name):
-    law = LAWS[name]
-    assert float(law.pgf_derivative(1.0)) == pytest.approx(law.mean, rel=1e-12)
-    assert float(law.pgf(1.0)) == pytest.approx(1.0, rel=1e-12)
+class TestLawContract:
+    """What every law of K — ours or a user's subclass of RunCountDistribution — must satisfy."""
+
+    def test_pmf_sums_to_one_and_matches_mean(self, law):
+        pmf = law.pmf(K)
+        assert pmf.sum() == pytest.approx(1.0, abs=1e-9)
+        assert (pmf * K).sum() == pytest.approx(law.mean, rel=1e-8)
+
+    @pytest.mark.parametrize("x", [0.0, 0.3, 0.9, 0.999])
+    def test_pgf_and_derivative_match_the_series(self, law, x):
+        pmf = law.pmf(K)
+        assert float(law.pgf(x)) == pytest.approx((pmf * x**K).sum(), rel=1e-9, abs=1e-15)
+        series = (pmf[1:] * K[1:] * x ** (K[1:] - 1)).sum()
+        assert float(law.pgf_derivative(x)) == pytest.approx(series, rel=1e-8, abs=1e-15)
+
+    def test_pgf_derivative_at_one_is_the_mean(self, law):
+        assert float(law.pgf_derivative(1.0)) == pytest.approx(law.mean, rel=1e-12)
+        assert float(law.pgf(1.0)) == pytest.approx(1.0, rel=1e-12)
+
+    def test_expected_quantile_is_e_k_over_k_plus_one(self, law):
+        direct = (law.pmf(K) * K / (K + 1.0)).sum()
+        assert law.expected_quantile() == pytest.approx(direct, rel=1e-7)
+
+    def test_success_probability(self, law):
+        p = 0.01
+        direct = (law.pmf(K) * (1 - (1 - p) ** K)).sum()
+        assert law.success_probability(p) == pytest.approx(direct, rel=1e-9)
+        assert law.success_probability(0.0) == pytest.approx(0.0, abs=1e-15)
+        assert law.success_probability(1.0) == pytest.approx(1.0 - law.prob_zero)
+        with pytest.raises(ValueError, match="probability"):
+            law.success_probability(1.5)
+
+    def test_samples_lie_in_the_support_and_a_seed_reproduces_them(self, law):
+        draws = [law.sample(np.random.default_rng(seed)) for seed in range(200)]
+        assert all(isinstance(k, int) and law.pmf(k) > 0 for k in draws)
+        assert draws == [law.sample(np.random.default_rng(seed)) for seed in range(200)]
+
+    def test_prob_zero_is_the_mass_at_zero(self, law):
+        assert law.prob_zero == pytest.approx(float(law.pmf(0)), abs=1e-15)
 
 
 def test_closed_form_pmfs_of_definition_1():
@@ -85,28 +131,9 @@ def test_named_laws_from_mean():
     assert Logarithmic.from_mean(10).mean == pytest.approx(10, rel=1e-9)
 
 
-@pytest.mark.parametrize("name", LAWS)
-def test_expected_quantile_is_e_k_over_k_plus_one(name):
-    law = LAWS[name]
-    direct = (law.pmf(K) * K / (K + 1.0)).sum()
-    assert law.expected_quantile() == pytest.approx(direct, rel=1e-7)
-
-
 def test_expected_quantile_closed_forms():
     assert Poisson(10).expected_quantile() == pytest.approx(1 - (1 - math.exp(-10)) / 10, rel=1e-14)
     assert PointMass(4).expected_quantile() == pytest.approx(0.8)
-
-
-@pytest.mark.parametrize("name", LAWS)
-def test_success_probability(name):
-    law = LAWS[name]
-    p = 0.01
-    direct = (law.pmf(K) * (1 - (1 - p) ** K)).sum()
-    assert law.success_probability(p) == pytest.approx(direct, rel=1e-9)
-    assert law.success_probability(0.0) == pytest.approx(0.0, abs=1e-15)
-    assert law.success_probability(1.0) == pytest.approx(1.0 - law.prob_zero)
-    with pytest.raises(ValueError, match="probability"):
-        law.success_probability(1.5)
 
 
 def _chi_square_pvalue(law, samples):
