@@ -49,7 +49,8 @@ def release_best(
     best of the K runs").
 
     Args:
-        results_or_path: a ``ResultGrid`` from ``Tuner.fit()`` or an experiment folder.
+        results_or_path: a ``ResultGrid`` from ``Tuner.fit()``, ``tune.run``'s ``ExperimentAnalysis``, or
+            an experiment folder.
         metric: selection metric (default: the one the search was tuned on).
         mode: "max" or "min" (default: the search's).
         purge: leave only what the guarantee covers in the experiment folder: the
@@ -76,6 +77,8 @@ def release_best(
     import pyarrow.fs
     from ray import tune
 
+    if isinstance(results_or_path, tune.ExperimentAnalysis):  # legacy tune.run's result
+        results_or_path = results_or_path.experiment_path
     if isinstance(results_or_path, (str, os.PathLike)):
         filesystem, experiment_path = pyarrow.fs.FileSystem.from_uri(os.fspath(results_or_path))
         trials = tune.ExperimentAnalysis(os.fspath(results_or_path)).trials

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ray import tune
@@ -34,6 +34,7 @@ def private_tuner(
     delta: float,
     law: RunCountDistribution | None = None,
     searcher: PrivateSearcher | None = None,
+    plan_for: Callable[[float], TrialSpend] | None = None,
     metric: str | None = None,
     mode: str | None = None,
     tune_config: tune.TuneConfig | None = None,
@@ -59,6 +60,9 @@ def private_tuner(
         delta: δ of the whole search.
         law: law of the number of trials K for a :class:`RandomCountSearcher` (e.g. ``Poisson(mean=8)``).
         searcher: any DP searcher instead of ``law`` (DP-HyPO, constant overhead).
+        plan_for: for a trainable of your own (your Opacus loop reading ``config["noise_multiplier"]``
+            and reporting :class:`~ray_dptune.training.OpacusSpend`): σ → the plan of one trial,
+            e.g. :func:`~ray_dptune.training.opacus_plan`. Not needed for a ``dp_trainable``.
         metric: the metric to select on (default: the searcher's).
         mode: "max" or "min" (default: the searcher's).
         tune_config: other ``tune.TuneConfig`` settings (``max_concurrent_trials``, ...); its
@@ -83,12 +87,17 @@ def private_tuner(
             f"{type(searcher).__name__} protects its validation set with its own release (its epsilon= and "
             "delta=), not with DP-SGD noise: build its tune.Tuner with PrivacyAccountantCallback directly."
         )
-    if not hasattr(trainable, "privacy_plan") or not hasattr(trainable, "dataset_size"):
-        raise TypeError(f"trainable must come from ray_dptune.training.dp_trainable, got {type(trainable).__name__}.")
+    if plan_for is None and not (hasattr(trainable, "privacy_plan") and hasattr(trainable, "dataset_size")):
+        raise TypeError(
+            f"trainable {type(trainable).__name__} is not a ray_dptune.training.dp_trainable: pass plan_for= "
+            "(σ -> the plan of one trial, e.g. ray_dptune.training.opacus_plan(...)) for a trainable of your own."
+        )
+    if plan_for is not None and isinstance(searcher, ConstantOverheadSearcher):
+        raise ValueError("ConstantOverheadSearcher's trials are planned by a dp_trainable; plan_for= is not supported.")
     if NOISE_KEY in param_space:
         raise ValueError(f"param_space must not set {NOISE_KEY!r}: private_tuner calibrates it for the budget.")
     tuning = _tune_config(searcher, tune_config, metric=metric, mode=mode)  # cheap checks before calibrating
-    plan_for = _plan_factory(trainable, dict(param_space), searcher)
+    plan_for = plan_for or _plan_factory(trainable, dict(param_space), searcher)
     sigma = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic)
     plan = plan_for(sigma)
     spent = SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic).guarantee().epsilon

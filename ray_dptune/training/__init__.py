@@ -14,6 +14,7 @@ from ray_dptune.training.clipping import ClippingMode
 from ray_dptune.training.data import digits_data
 from ray_dptune.training.loop import Report, train, train_step
 from ray_dptune.training.models import digits_cnn
+from ray_dptune.training.opacus_spend import OpacusSpend, opacus_plan
 from ray_dptune.training.oso import OSODPOptimizer
 from ray_dptune.training.partition import PARTITION_KEY, Partition
 from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, sampling_schedule, space_plan, trial_plan
@@ -31,6 +32,7 @@ __all__ = [
     "GradSampleMode",
     "Hyperparameters",
     "OSODPOptimizer",
+    "OpacusSpend",
     "OptimizerName",
     "Partition",
     "PrivacyLedger",
@@ -42,6 +44,7 @@ __all__ = [
     "digits_cnn",
     "digits_data",
     "dp_trainable",
+    "opacus_plan",
     "sampling_schedule",
     "space_plan",
     "train",

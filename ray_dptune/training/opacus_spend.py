@@ -1,0 +1,133 @@
+"""Bring your own Opacus loop: what its ``PrivacyEngine`` planned and actually spent, for ``tune.report``.
+
+A training loop that already uses Opacus adds three lines::
+
+    from ray_dptune.training import OpacusSpend
+    spend = OpacusSpend(engine, optimizer, train_loader, steps=epochs * len(train_loader))
+    tune.report({"val_acc": acc, **spend.report()})        # in every report
+
+What the account trusts and what it checks:
+
+* **Read, not typed**: the steps, noise multipliers and sample rates come from the
+  engine's own accountant history (Opacus appends one ``(σ, q, steps)`` entry per
+  ``optimizer.step()`` that was not skipped, gradient accumulation included), never from
+  numbers counted by hand. Every entry is composed, so a σ or q that changed mid-run is
+  charged as it ran.
+* **Refused**: non-Poisson batches (``make_private(poisson_sampling=False)``: Opacus then
+  records q = 1/len(loader), but no documented amplification bound covers shuffled
+  batches), an accountant without a history, and adaptive clipping
+  (``AdaClipDPOptimizer``: its noisy count is a second mechanism the history omits).
+* **Trusted**: that the model is trained only through this optimizer, on the loader's
+  data, for at most ``steps`` steps (the plan: a trial that reports more raises in the
+  accountant callback), and that the validation score is public or noised by the user.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from opacus.accountants import IAccountant
+from opacus.data_loader import DPDataLoader
+from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
+from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
+
+from ray_dptune import validate
+from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.errors import PrivacyError
+
+__all__ = ["OpacusSpend", "opacus_plan"]
+
+_POISSON_SAMPLERS = (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
+
+
+class OpacusSpend:
+    """The plan and the spend of one Opacus training run, as the accountant callback reads them.
+
+    Args:
+        engine: the ``opacus.PrivacyEngine`` (or any object with an ``accountant``) that
+            made ``optimizer`` private.
+        optimizer: the ``DPOptimizer`` ``make_private`` returned.
+        data_loader: the loader ``make_private`` returned (Poisson sampling).
+        steps: the most optimizer steps this run will take (the plan), e.g.
+            ``epochs * len(data_loader)``.
+
+    Raises:
+        PrivacyError: a configuration the account cannot bound (see the module docstring).
+        TypeError: ``optimizer`` is not an Opacus ``DPOptimizer``.
+        ValueError: ``steps`` is not a non-negative integer.
+    """
+
+    def __init__(self, engine: Any, optimizer: DPOptimizer, data_loader: Any, *, steps: int):
+        if not isinstance(optimizer, DPOptimizer):
+            raise TypeError(f"optimizer must be the DPOptimizer make_private returned, got {type(optimizer).__name__}.")
+        if isinstance(optimizer, AdaClipDPOptimizer):
+            raise PrivacyError(
+                "AdaClipDPOptimizer's noisy unclipped count is a mechanism of its own that Opacus's accountant "
+                "history omits; use fixed clipping, or ray_dptune's dp_trainable(clipping='quantile')."
+            )
+        accountant = getattr(engine, "accountant", None)
+        if not isinstance(accountant, IAccountant) or not isinstance(getattr(accountant, "history", None), list):
+            raise PrivacyError(
+                "engine.accountant has no step history to read (an Opacus RDP, PRV or GDP accountant has one); "
+                "build the engine with opacus.PrivacyEngine(accountant='rdp')."
+            )
+        sampler = getattr(data_loader, "batch_sampler", None)
+        if not (isinstance(data_loader, DPDataLoader) or isinstance(sampler, _POISSON_SAMPLERS)):
+            raise PrivacyError(
+                "The data loader does not sample Poisson batches (make_private(poisson_sampling=False)?): DP-SGD's "
+                "amplification by subsampling is proven for Poisson sampling only. Use the loader make_private "
+                "returns with poisson_sampling=True (Opacus's default)."
+            )
+        self._accountant = accountant
+        self._plan = TrialSpend(
+            sample_rate=1.0 / len(data_loader),  # Opacus's own q (PrivacyEngine.make_private)
+            noise_multiplier=float(optimizer.noise_multiplier),
+            steps=validate.integer("steps", steps),
+        )
+
+    @property
+    def plan(self) -> TrialSpend:
+        """The most this run may spend: ``steps`` DP-SGD steps at the optimizer's σ and the loader's q."""
+        return self._plan
+
+    def spent(self) -> TrialSpend | RDPCurve:
+        """What the accountant's history says ran: one DP-SGD record, or their composition if σ or q changed."""
+        history = [(float(sigma), float(rate), int(count)) for sigma, rate, count in self._accountant.history]
+        if not history:
+            return TrialSpend(sample_rate=self._plan.sample_rate, noise_multiplier=self._plan.noise_multiplier, steps=0)
+        if len({(sigma, rate) for sigma, rate, _ in history}) == 1:
+            sigma, rate, _ = history[0]
+            return TrialSpend(sample_rate=rate, noise_multiplier=sigma, steps=sum(count for *_, count in history))
+        return sum(
+            (
+                RDPCurve.subsampled_gaussian(sample_rate=rate, noise_multiplier=sigma, steps=count)
+                for sigma, rate, count in history
+            ),
+            start=RDPCurve.zero(),
+        )
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """``{"dp_plan": ..., "dp_spent": ...}``: merge it into every ``tune.report`` of the trial."""
+        from ray_dptune.callbacks import PLAN_KEY, SPENT_KEY  # imports Ray: only inside a trial
+
+        return {PLAN_KEY: self._plan.to_dict(), SPENT_KEY: self.spent().to_dict()}
+
+
+def opacus_plan(*, dataset_size: int, batch_size: int, epochs: int) -> Callable[[float], TrialSpend]:
+    """σ → the plan :class:`OpacusSpend` reports for ``make_private`` on a ``DataLoader(batch_size=...)``.
+
+    Opacus turns the loader into Poisson batches at q = 1/len(loader) = 1/⌈n/B⌉ and runs
+    ⌈n/B⌉ steps an epoch (``PrivacyEngine.make_private``, ``DPDataLoader.from_data_loader``).
+    For :func:`~ray_dptune.private_tuner`'s ``plan_for=`` and ``calibrate_noise_multiplier``.
+    """
+    n = validate.positive_int("dataset_size", dataset_size)
+    batches = math.ceil(n / validate.positive_int("batch_size", batch_size, maximum=n))
+    steps = validate.integer("epochs", epochs) * batches
+
+    def plan_for(noise_multiplier: float) -> TrialSpend:
+        return TrialSpend(sample_rate=1.0 / batches, noise_multiplier=noise_multiplier, steps=steps)
+
+    return plan_for

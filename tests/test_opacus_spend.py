@@ -1,0 +1,147 @@
+"""Bring your own Opacus loop: OpacusSpend reports what Opacus's own accountant saw run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from opacus import PrivacyEngine
+from opacus.optimizers import AdaClipDPOptimizer
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ray_dptune import PrivacyError, TrialSpend
+from ray_dptune.accounting import RDPCurve
+from ray_dptune.callbacks import PLAN_KEY, SPENT_KEY
+from ray_dptune.training import OpacusSpend, opacus_plan
+
+DELTA = 1e-5
+N, FEATURES, BATCH = 200, 5, 16
+
+
+def make_private(*, poisson_sampling: bool = True, noise_multiplier: float = 1.3):
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(N, FEATURES), torch.randint(0, 2, (N,)))
+    model = nn.Linear(FEATURES, 2)
+    engine = PrivacyEngine(accountant="rdp")
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=1.0,
+        poisson_sampling=poisson_sampling,
+    )
+    return engine, model, optimizer, loader
+
+
+def run_steps(model, optimizer, loader, count: int) -> int:
+    """Takes ``count`` optimizer steps; returns how many ran (the side record)."""
+    taken = 0
+    while taken < count:
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            taken += 1
+            if taken == count:
+                break
+    return taken
+
+
+def test_spend_is_what_opacus_accountant_saw_and_matches_its_epsilon():
+    engine, model, optimizer, loader = make_private()
+    spend = OpacusSpend(engine, optimizer, loader, steps=3 * len(loader))
+    assert spend.spent() == TrialSpend(sample_rate=1 / len(loader), noise_multiplier=1.3, steps=0)
+    taken = run_steps(model, optimizer, loader, 23)
+    spent = spend.spent()
+    # an independent recomputation from Opacus's own history: one (σ, q, steps) entry, steps = what ran
+    ((sigma, rate, steps),) = engine.accountant.history
+    assert spent == TrialSpend(sample_rate=rate, noise_multiplier=sigma, steps=steps) and steps == taken == 23
+    assert spend.plan.covers(spent) and not spent.covers(spend.plan)
+    theirs = engine.accountant.get_epsilon(delta=DELTA)  # Opacus's RDP accountant on its own orders
+    assert spent.curve().epsilon(delta=DELTA) == pytest.approx(theirs, rel=1e-2)  # the same analysis
+    report = spend.report()
+    assert TrialSpend.from_dict(report[SPENT_KEY]) == spent and TrialSpend.from_dict(report[PLAN_KEY]) == spend.plan
+
+
+def test_a_noise_change_mid_run_is_composed_as_it_ran():
+    engine, model, optimizer, loader = make_private()
+    spend = OpacusSpend(engine, optimizer, loader, steps=40)
+    run_steps(model, optimizer, loader, 5)
+    optimizer.noise_multiplier = 0.9  # less noise for the next steps: costlier than the plan
+    run_steps(model, optimizer, loader, 7)
+    spent = spend.spent()
+    q = 1 / len(loader)
+    expected = RDPCurve.subsampled_gaussian(
+        sample_rate=q, noise_multiplier=1.3, steps=5
+    ) + RDPCurve.subsampled_gaussian(sample_rate=q, noise_multiplier=0.9, steps=7)
+    assert spent == expected
+    assert spent.epsilon(delta=DELTA) == pytest.approx(engine.accountant.get_epsilon(delta=DELTA), rel=1e-2)
+    assert not spend.plan.curve().dominates(spent)  # the accountant callback refuses this trial
+
+
+def test_opacus_plan_is_the_plan_the_trial_reports():
+    engine, _, optimizer, loader = make_private(noise_multiplier=2.0)
+    plan_for = opacus_plan(dataset_size=N, batch_size=BATCH, epochs=3)
+    assert plan_for(2.0) == OpacusSpend(engine, optimizer, loader, steps=3 * len(loader)).plan
+
+
+def test_unaccountable_configurations_are_refused():
+    engine, _, optimizer, loader = make_private(poisson_sampling=False)
+    with pytest.raises(PrivacyError, match="Poisson"):
+        OpacusSpend(engine, optimizer, loader, steps=10)
+    engine, model, optimizer, loader = make_private()
+    with pytest.raises(PrivacyError, match="history"):
+        OpacusSpend(object(), optimizer, loader, steps=10)
+    with pytest.raises(TypeError, match="DPOptimizer"):
+        OpacusSpend(engine, torch.optim.SGD(model.parameters(), lr=0.1), loader, steps=10)
+    adaptive = AdaClipDPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=BATCH,
+        target_unclipped_quantile=0.5,
+        clipbound_learning_rate=0.2,
+        max_clipbound=10.0,
+        min_clipbound=0.1,
+        unclipped_num_std=BATCH / 20,
+    )
+    with pytest.raises(PrivacyError, match="AdaClip"):
+        OpacusSpend(engine, adaptive, loader, steps=10)
+    with pytest.raises(ValueError, match="steps must be a non-negative integer"):
+        OpacusSpend(engine, optimizer, loader, steps=-1)
+
+
+def test_the_byo_example_runs_a_private_search_within_budget(ray_session, tmp_path):
+    """The example's plain Opacus loop through private_tuner: every trial ran its plan, ε within budget."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    import byo_opacus_loop as example
+    from ray import cloudpickle, tune
+
+    cloudpickle.register_pickle_by_value(example)  # Ray's workers do not have examples/ on their path
+
+    from ray_dptune import Poisson, RandomCountSearcher, private_tuner, release_best
+
+    searcher = RandomCountSearcher(Poisson(2.0), metric="val_acc", mode="max", seed=4)
+    plan_for = opacus_plan(dataset_size=example.TRAIN_SIZE, batch_size=example.BATCH_SIZE, epochs=example.EPOCHS)
+    tuner = private_tuner(
+        example.train_breast_cancer,
+        param_space=example.SPACE,
+        epsilon=2.0,
+        delta=DELTA,
+        searcher=searcher,
+        plan_for=plan_for,
+        run_config=tune.RunConfig(name="byo", storage_path=str(tmp_path), verbose=0),
+        verbose=False,
+    )
+    results = tuner.fit()
+    assert len(results) == searcher.num_trials >= 1
+    sigma = results[0].config["noise_multiplier"]
+    for result in results:
+        assert TrialSpend.from_dict(result.metrics[SPENT_KEY]) == plan_for(sigma)  # every planned step ran
+    released = release_best(results)
+    assert released.guarantee["epsilon"] <= 2.0
+    assert released.score == max(result.metrics["val_acc"] for result in results)
