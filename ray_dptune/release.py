@@ -20,7 +20,7 @@ _SQLITE_SIDECARS = ("", "-wal", "-shm", "-journal")
 _PRIVACY_RECORD = frozenset({REPORT_FILE, *(JOURNAL_FILE + suffix for suffix in _SQLITE_SIDECARS)})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ReleasedTrial:
     """The selected trial, the only output the privacy guarantee covers.
 
@@ -35,6 +35,18 @@ class ReleasedTrial:
     score: float | None
     checkpoint_path: str | None
     guarantee: dict[str, Any]
+
+    def __repr__(self) -> str:
+        """The guarantee as its (ε, δ) only: its RDP curve (hundreds of orders) stays in ``guarantee``."""
+        guarantee = self.guarantee
+        if "epsilon" in guarantee:
+            summary = f"(ε={guarantee['epsilon']:.4g}, δ={guarantee['delta']:g}) for the whole search"
+        else:
+            summary = guarantee.get("note", "none")
+        return (
+            f"ReleasedTrial(config={self.config!r}, score={self.score!r}, "
+            f"checkpoint_path={self.checkpoint_path!r}, guarantee={summary})"
+        )
 
 
 def release_best(

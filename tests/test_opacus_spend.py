@@ -145,3 +145,5 @@ def test_the_byo_example_runs_a_private_search_within_budget(ray_session, tmp_pa
     released = release_best(results)
     assert released.guarantee["epsilon"] <= 2.0
     assert released.score == max(result.metrics["val_acc"] for result in results)
+    shown = repr(released)  # a short summary, not the guarantee's curve of hundreds of orders
+    assert f"ε={released.guarantee['epsilon']:.4g}, δ=1e-05" in shown and "orders" not in shown and len(shown) < 400
