@@ -21,15 +21,15 @@ DELTA = 1e-5
 N, FEATURES, BATCH = 200, 5, 16
 
 
-def make_private(*, poisson_sampling: bool = True, noise_multiplier: float = 1.3):
+def make_private(*, poisson_sampling: bool = True, noise_multiplier: float = 1.3, size: int = N, batch: int = BATCH):
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(N, FEATURES), torch.randint(0, 2, (N,)))
+    data = TensorDataset(torch.randn(size, FEATURES), torch.randint(0, 2, (size,)))
     model = nn.Linear(FEATURES, 2)
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, loader = engine.make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(data, batch_size=BATCH),
+        data_loader=DataLoader(data, batch_size=batch),
         noise_multiplier=noise_multiplier,
         max_grad_norm=1.0,
         poisson_sampling=poisson_sampling,
@@ -83,9 +83,10 @@ def test_a_noise_change_mid_run_is_composed_as_it_ran():
     assert not spend.plan.curve().dominates(spent)  # the accountant callback refuses this trial
 
 
-def test_opacus_plan_is_the_plan_the_trial_reports():
-    engine, _, optimizer, loader = make_private(noise_multiplier=2.0)
-    plan_for = opacus_plan(dataset_size=N, batch_size=BATCH, epochs=3)
+@pytest.mark.parametrize("size, batch", [(N, BATCH), (930, 10)])  # 930/10: Opacus runs 92 batches, not 93
+def test_opacus_plan_is_the_plan_the_trial_reports(size, batch):
+    engine, _, optimizer, loader = make_private(noise_multiplier=2.0, size=size, batch=batch)
+    plan_for = opacus_plan(dataset_size=size, batch_size=batch, epochs=3)
     assert plan_for(2.0) == OpacusSpend(engine, optimizer, loader, steps=3 * len(loader)).plan
 
 

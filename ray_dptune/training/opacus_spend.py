@@ -119,12 +119,15 @@ class OpacusSpend:
 def opacus_plan(*, dataset_size: int, batch_size: int, epochs: int) -> Callable[[float], TrialSpend]:
     """σ → the plan :class:`OpacusSpend` reports for ``make_private`` on a ``DataLoader(batch_size=...)``.
 
-    Opacus turns the loader into Poisson batches at q = 1/len(loader) = 1/⌈n/B⌉ and runs
-    ⌈n/B⌉ steps an epoch (``PrivacyEngine.make_private``, ``DPDataLoader.from_data_loader``).
+    Mirrors ``PrivacyEngine.make_private``: the loader becomes Poisson batches at rate
+    1/len(loader) = 1/⌈n/B⌉ (``DPDataLoader.from_data_loader``), whose sampler runs
+    len(sampler) batches an epoch, and the accountant's q is 1/len(sampler). The same
+    holds per worker with ``distributed=True`` (q is the global batch's rate).
     For :func:`~ray_dptune.private_tuner`'s ``plan_for=`` and ``calibrate_noise_multiplier``.
     """
     n = validate.positive_int("dataset_size", dataset_size)
-    batches = math.ceil(n / validate.positive_int("batch_size", batch_size, maximum=n))
+    loader_batches = math.ceil(n / validate.positive_int("batch_size", batch_size, maximum=n))
+    batches = len(UniformWithReplacementSampler(num_samples=n, sample_rate=1.0 / loader_batches))
     steps = validate.integer("epochs", epochs) * batches
 
     def plan_for(noise_multiplier: float) -> TrialSpend:
