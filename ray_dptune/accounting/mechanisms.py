@@ -5,9 +5,11 @@ Pure numpy/scipy plus dp_accounting; nothing here imports Ray or torch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
@@ -226,3 +228,99 @@ def _built_pld(sample_rate: float, noise_multiplier: float, steps: int, discreti
             f"{sample_rate}, noise_multiplier = {noise_multiplier}, discretization = {discretization} ({error}): "
             "fewer steps or a coarser discretization."
         ) from error
+
+
+PROFILE_DISCRETIZATION = 1e-3
+"""PLD discretisation of the profiles derived automatically (pessimistic, so any value is valid;
+1e-3 is ~10× faster to build and read than 1e-4 and moves δ by ~1e-4 relative)."""
+_PROFILE_EPSILONS = np.concatenate([[0.0], np.geomspace(1e-3, 60.0, 160)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class KnownMechanism:
+    """What a curve's mechanism *is*, when more than its RDP is known (provenance of the curve).
+
+    ``steps`` Poisson-subsampled Gaussian steps of rate ``sample_rate`` and noise
+    ``noise_multiplier`` (sensitivity 1, add/remove-one); ``sample_rate = 1`` is the
+    plain Gaussian mechanism (``steps`` of them compose to σ/√steps). Set by
+    :meth:`RDPCurve.gaussian` and :meth:`RDPCurve.subsampled_gaussian`, kept by
+    operations that leave the mechanism one of these, dropped by any other. The
+    mechanism's exact (ε, δ) profile, and hence the set of (q, q') that one
+    post-processing can give (used by P&S Lemma 7 and Theorem 6), follow from it.
+    """
+
+    noise_multiplier: float
+    sample_rate: float = 1.0
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        _check_dpsgd(self.sample_rate, self.noise_multiplier, self.steps)
+
+    @property
+    def is_gaussian(self) -> bool:
+        return self.sample_rate == 1.0
+
+    def composed(self, count: int) -> KnownMechanism | None:
+        """The mechanism run ``count`` times (None for count 0: nothing is known to be run)."""
+        return dataclasses.replace(self, steps=self.steps * count) if count >= 1 else None
+
+    def profile(self) -> DeltaProfile:
+        """δ(ε): Balle & Wang's exact Gaussian, or dp_accounting's pessimistic PLD for DP-SGD.
+
+        Raises:
+            ValueError: the PLD is out of reach (see :func:`subsampled_gaussian_profile`).
+        """
+        if self.is_gaussian:
+            return gaussian_profile(noise_multiplier=self.noise_multiplier / math.sqrt(self.steps))
+        key = (self.sample_rate, self.noise_multiplier, self.steps)
+        _profile_for(*key)  # builds (or fails) now, not at the first read
+        return lambda epsilon: _cached_deltas(key, np.asarray(epsilon, dtype=float))
+
+    def partner(self, q: np.ndarray) -> np.ndarray:
+        """A lower bound on min{q' : (q, q') given by one post-processing of the two output laws}.
+
+        Gaussian: exactly Φ(Φ⁻¹(q) - √steps/σ), the Neyman–Pearson bound (Dong, Roth & Su
+        2022, Gaussian DP, Def. 2.7 with Prop. 2.11's symmetry). DP-SGD: (ε, δ(ε))-DP for
+        every ε of a grid gives q ≤ e^ε q' + δ and 1 - q' ≤ e^ε (1 - q) + δ (both
+        directions: dp_accounting's add/remove PLD takes the larger δ); a finite grid
+        keeps fewer constraints, so the result can only be lower (valid).
+
+        Raises:
+            ValueError: the PLD is out of reach.
+        """
+        q = np.asarray(q, dtype=float)
+        if self.is_gaussian:
+            shift = math.sqrt(self.steps) / self.noise_multiplier
+            with np.errstate(divide="ignore", invalid="ignore"):
+                exact = special.ndtr(special.ndtri(q) - shift)
+            return np.clip(exact * (1.0 - 1e-12), 0.0, q)  # rounding of ndtr/ndtri: towards the lower bound
+        eps = _PROFILE_EPSILONS
+        deltas = self.profile()(eps) * (1.0 + 1e-12)
+        bound = np.zeros_like(q)
+        for chunk in range(0, eps.size, 32):  # bounded memory: q.size × 32 at a time
+            e, d = eps[chunk : chunk + 32, None], deltas[chunk : chunk + 32, None]
+            first = (q[None, :] - d) * np.exp(-e)
+            second = 1.0 - d - np.exp(e) * (1.0 - q[None, :])
+            bound = np.maximum(bound, np.maximum(first, second).max(axis=0))
+        return np.clip(bound * (1.0 - 1e-12), 0.0, q)
+
+
+@functools.lru_cache(maxsize=16)
+def _profile_for(sample_rate: float, noise_multiplier: float, steps: int) -> DeltaProfile:
+    return subsampled_gaussian_profile(
+        sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, discretization=PROFILE_DISCRETIZATION
+    )
+
+
+_DELTA_CACHE: dict[tuple, np.ndarray] = {}
+
+
+def _cached_deltas(mechanism: tuple[float, float, int], epsilon: np.ndarray) -> np.ndarray:
+    """δ of DP-SGD's PLD profile at ``epsilon``, memoised (reading a composed PLD costs ~0.1 s per 300 ε)."""
+    key = (mechanism, epsilon.shape, epsilon.tobytes())
+    if key not in _DELTA_CACHE:
+        if len(_DELTA_CACHE) > 256:
+            _DELTA_CACHE.clear()
+        _DELTA_CACHE[key] = _profile_for(*mechanism)(epsilon)
+        _DELTA_CACHE[key].flags.writeable = False
+    return _DELTA_CACHE[key]

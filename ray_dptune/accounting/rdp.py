@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,10 @@ class RDPCurve:
 
     orders: np.ndarray
     epsilons: np.ndarray
+    mechanism: mechanisms.KnownMechanism | None = field(default=None, kw_only=True)
+    """What the curve's mechanism is when more than its RDP is known (a Gaussian, DP-SGD),
+    or None. Set only by the constructors below; bounds read the mechanism's exact (ε, δ)
+    profile from it (P&S Lemma 7 and Theorem 6). Not compared, not serialised."""
 
     def __post_init__(self) -> None:
         orders = np.asarray(self.orders, dtype=float)
@@ -73,13 +77,19 @@ class RDPCurve:
             raise ValueError("RDP epsilons must be >= 0 and not NaN (use inf where no bound holds).")
         object.__setattr__(self, "orders", _readonly(orders))
         object.__setattr__(self, "epsilons", _readonly(epsilons))
+        if self.mechanism is not None and not isinstance(self.mechanism, mechanisms.KnownMechanism):
+            raise TypeError(f"mechanism must be a KnownMechanism or None, got {type(self.mechanism).__name__}.")
 
     # ------------------------------------------------------------------ constructors
     @classmethod
     def gaussian(cls, *, noise_multiplier: float, orders: np.ndarray | None = None) -> RDPCurve:
         """Gaussian mechanism, sensitivity 1: ε(α) = α/(2σ²)."""
         orders = _orders_or_default(orders)
-        return cls(orders, mechanisms.gaussian_rdp(noise_multiplier=noise_multiplier, orders=orders))
+        return cls(
+            orders,
+            mechanisms.gaussian_rdp(noise_multiplier=noise_multiplier, orders=orders),
+            mechanism=mechanisms.KnownMechanism(noise_multiplier=noise_multiplier),
+        )
 
     @classmethod
     def zcdp(cls, *, rho: float, orders: np.ndarray | None = None) -> RDPCurve:
@@ -104,6 +114,9 @@ class RDPCurve:
             mechanisms.subsampled_gaussian_rdp(
                 sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=orders
             ),
+            mechanism=mechanisms.KnownMechanism(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
+            if steps >= 1
+            else None,
         )
 
     @classmethod
@@ -125,8 +138,8 @@ class RDPCurve:
         return padded[index]
 
     def resample(self, orders: np.ndarray) -> RDPCurve:
-        """This curve on another grid, conservatively (see :meth:`at`)."""
-        return RDPCurve(orders, self.at(orders))
+        """This curve on another grid, conservatively (see :meth:`at`); the same mechanism."""
+        return RDPCurve(orders, self.at(orders), mechanism=self.mechanism)
 
     def __add__(self, other: RDPCurve) -> RDPCurve:
         """Composition: the RDP of running both mechanisms (Mironov 2017, Prop. 1)."""
@@ -149,14 +162,16 @@ class RDPCurve:
         if count == 0:
             return RDPCurve(self.orders, np.zeros_like(self.epsilons))
         factor = float(count) if count < 2**1000 else math.inf  # float(10**400) would raise
+        mechanism = self.mechanism.composed(count) if self.mechanism is not None and count < 2**62 else None
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is inf (conservative); inf * 0 is 0
-            return RDPCurve(self.orders, np.where(self.epsilons == 0.0, 0.0, factor * self.epsilons))
+            epsilons = np.where(self.epsilons == 0.0, 0.0, factor * self.epsilons)
+        return RDPCurve(self.orders, epsilons, mechanism=mechanism)
 
     __rmul__ = __mul__
 
     def smoothed(self) -> RDPCurve:
         """The tightest curve implied by monotonicity in α: ε̃(α) = min_{α' ≥ α} ε(α')."""
-        return RDPCurve(self.orders, np.minimum.accumulate(self.epsilons[::-1])[::-1])
+        return RDPCurve(self.orders, np.minimum.accumulate(self.epsilons[::-1])[::-1], mechanism=self.mechanism)
 
     def minimum(self, other: RDPCurve) -> RDPCurve:
         """Pointwise minimum of two valid bounds on the same mechanism."""

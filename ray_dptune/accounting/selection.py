@@ -27,7 +27,10 @@ from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.distributions import PointMass, Poisson, RunCountDistribution, TruncatedNegativeBinomial
 from ray_dptune.errors import UnsupportedBoundError
 
-__all__ = ["check_density_ratio", "poisson_bound", "repeat_and_select", "truncated_negative_binomial_bound"]
+__all__ = [
+    "check_density_ratio",
+    "known_profile",
+    "poisson_bound", "repeat_and_select", "truncated_negative_binomial_bound"]
 
 
 def truncated_negative_binomial_bound(
@@ -110,7 +113,7 @@ def repeat_and_select(
     *,
     density_ratio: float = 1.0,
     base_delta: Callable[[np.ndarray], np.ndarray] | None = None,
-    generic: bool = False,
+    generic: bool = True,
 ) -> RDPCurve:
     """RDP curve of drawing K from ``distribution``, running the base K times, releasing the best.
 
@@ -121,9 +124,13 @@ def repeat_and_select(
             [c, C] × prior (DP-HyPO); 1 for non-adaptive (uniform) search.
         base_delta: the base's exact (ε, δ) profile, vectorised (e.g.
             :func:`ray_dptune.accounting.mechanisms.gaussian_profile`); tightens
-            the Poisson bound (P&S Theorem 6).
-        generic: also evaluate P&S Lemma 7 at its numerical worst case and keep
-            the pointwise minimum (slower; see :mod:`ray_dptune.accounting.generic`).
+            the Poisson bound (P&S Theorem 6). Default: the profile of
+            ``base.mechanism`` when known (exact for a Gaussian, dp_accounting's
+            pessimistic PLD for DP-SGD), else the RDP curve's conversion.
+        generic: also evaluate P&S Lemma 7 at its certified numerical worst case
+            and keep the pointwise minimum (the default: both are valid bounds, so
+            the minimum is the tightest; see :mod:`ray_dptune.accounting.generic`).
+            False keeps the closed forms alone (the cross-check).
 
     Returns:
         An RDPCurve on ``base.orders``.
@@ -156,13 +163,23 @@ def repeat_and_select(
             "TruncatedNegativeBinomial.from_mean(eta, mean), or a non-adaptive searcher."
         )
     elif isinstance(distribution, Poisson):
-        bound = poisson_bound(base, distribution, base_delta=base_delta)
+        bound = poisson_bound(base, distribution, base_delta=base_delta or known_profile(base))
     else:
         return generic_repeat_and_select(base, distribution).smoothed()
 
     if generic and not adaptive:
         bound = bound.minimum(generic_repeat_and_select(base, distribution))
     return bound.smoothed()
+
+
+def known_profile(base: RDPCurve) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The exact (or upper-bounding) (ε, δ) profile of ``base.mechanism``; None when unknown or out of reach."""
+    if base.mechanism is None:
+        return None
+    try:
+        return base.mechanism.profile()
+    except ValueError:  # a PLD too large to build: the RDP conversion alone is still valid
+        return None
 
 
 def check_density_ratio(*, density_ratio: float) -> float:
