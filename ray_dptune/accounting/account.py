@@ -96,7 +96,7 @@ class Mechanism:
     def law(self) -> RunCountDistribution | None:
         return distribution_from_dict(self.params["law"]) if self.kind == "random_count" else None
 
-    def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = False) -> RDPCurve:
+    def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
         """The curve of the covered attempts when each satisfies ``plan``.
 
         ``selections`` counts the sparse-vector selections of a constant-overhead search
@@ -196,10 +196,11 @@ class SearchAccount:
         delta: δ of the reported (ε, δ).
         plan: the most one accounted attempt may spend (a TrialSpend or RDPCurve dict),
             or None until the first trial reports it.
-        generic: also use the numeric P&S Lemma 7 bound for random-count searches.
+        generic: also use the certified numeric P&S Lemma 7 bound for random-count searches (default:
+            the tightest bound; False keeps the closed forms alone).
     """
 
-    def __init__(self, mechanism: Mechanism, *, delta: float, plan: Mapping | None = None, generic: bool = False):
+    def __init__(self, mechanism: Mechanism, *, delta: float, plan: Mapping | None = None, generic: bool = True):
         if not 0.0 < float(delta) < 1.0:
             raise ValueError(f"delta must lie strictly between 0 and 1, got {delta}.")
         if mechanism.kind == "release" and mechanism.params["delta"] > float(delta):

@@ -22,7 +22,7 @@ def search_epsilon(
     law: RunCountDistribution,
     delta: float,
     density_ratio: float = 1.0,
-    generic: bool = False,
+    generic: bool = True,
 ) -> float:
     """ε at ``delta`` of a random-count search whose every trial spends at most ``plan`` (the account's)."""
     mechanism = Mechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
@@ -37,7 +37,7 @@ def calibrate_noise_multiplier(
     law: RunCountDistribution | None = None,
     density_ratio: float = 1.0,
     mechanism: Mechanism | None = None,
-    generic: bool = False,
+    generic: bool = True,
     rtol: float = 1e-3,
 ) -> float:
     """The smallest noise multiplier σ (to ``rtol``) whose whole search meets (``epsilon``, ``delta``).
