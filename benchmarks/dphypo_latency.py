@@ -52,7 +52,7 @@ import numpy as np
 from ray import tune
 
 from ray_dptune import PointMass
-from ray_dptune.search import dphypo
+from ray_dptune.search import density, dphypo
 from ray_dptune.search.candidates import build_cells
 from ray_dptune.search.dphypo import BoundedDensitySampler, DPHyPOSearcher
 from ray_dptune.search.projection import project_to_bounded_density
@@ -115,12 +115,12 @@ def timed_suggests(state: dict, repeats: int) -> dict[str, list[float]]:
 
 @contextlib.contextmanager
 def _all_threads():
-    original = dphypo._single_thread
-    dphypo._single_thread = lambda torch: contextlib.nullcontext()
+    original = density.single_thread
+    density.single_thread = lambda torch: contextlib.nullcontext()
     try:
         yield
     finally:
-        dphypo._single_thread = original
+        density.single_thread = original
 
 
 def sequential_suggests(state: dict, repeats: int) -> list[float]:

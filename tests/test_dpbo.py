@@ -293,7 +293,7 @@ def test_state_pickles_and_restore_continues_identically():
     state = pickle.loads(pickle.dumps(searcher.get_state()))
     restored = DPBOSearcher(1, epsilon=3.0, delta=0.5)
     restored.set_state(state)
-    restored.on_trial_complete("t2", result={"acc": acc(restored._configs[restored._trials["t2"]["index"]])})
+    restored.on_trial_complete("t2", result={"acc": acc(restored._configs[restored._suggested["t2"]["index"]])})
     drive(restored, start=3)
     assert restored.privacy_details()["release"] == reference.privacy_details()["release"]
     assert [i for i, _ in restored._observations] == [i for i, _ in reference._observations]

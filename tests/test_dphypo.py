@@ -28,7 +28,7 @@ from ray_dptune import (
     repeat_and_select,
 )
 from ray_dptune.callbacks import REPORT_FILE
-from ray_dptune.search import dphypo
+from ray_dptune.search import density
 from ray_dptune.search.candidates import build_cells
 from ray_dptune.search.dphypo import BoundedDensitySampler, DPHyPOSearcher
 
@@ -189,7 +189,7 @@ def test_a_law_outside_the_bounds_is_never_drawn(monkeypatch):
         f[0] = 2.5  # above C = 2 in one cell, still a density
         return f
 
-    monkeypatch.setattr(dphypo, "project_to_bounded_density", too_peaked)
+    monkeypatch.setattr(density, "project_to_bounded_density", too_peaked)
     with pytest.raises(PrivacyError, match="leaves"):
         searcher.suggest("t3")
     assert "t3" not in searcher._suggested

@@ -1,18 +1,27 @@
-"""What every DP searcher declares to the accountant, and the random-count family's shared base."""
+"""The skeleton every DP searcher shares, and what it declares to the accountant.
+
+:class:`PrivateSearcher` keeps the bookkeeping common to all: the seed and the one
+generator every draw comes from, the space, metric and mode, the suggested trials
+and their number K, save/restore of those, and the write-ahead record of each
+suggestion. A searcher adds only its own decisions (:meth:`PrivateSearcher._propose`)
+and state (``_extra_state``/``_restore_extra``).
+"""
 
 from __future__ import annotations
 
+import copy
 import logging
 import pickle
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 from ray.tune.search import Searcher
 
 from ray_dptune.accounting.account import Mechanism
-from ray_dptune.distributions import RunCountDistribution
+from ray_dptune.distributions import RunCountDistribution, distribution_from_dict, secure_rng
 from ray_dptune.errors import PrivacyError
-from ray_dptune.search.space import space_fingerprint
+from ray_dptune.search.space import check_space, space_fingerprint
 
 __all__ = ["PrivateSearcher", "RunCountSearcher", "refuse_truncation"]
 
@@ -53,8 +62,15 @@ class PrivateSearcher(Searcher):
     (the trial whose config, score and checkpoint are released) or ``"release"`` (a
     ``{"config", "score"}`` the searcher released itself); without either, the output
     is the best trial.
-    Subclasses set ``_num_trials`` (the most trials the search will start) and ``_seed``,
-    and implement ``get_state``/``set_state``.
+
+    A subclass sets ``_num_trials`` (the most trials the search will start), implements
+    :meth:`_propose` and, when it has more state, ``_extra_state``/``_restore_extra``;
+    ``_set_space`` when adopting a space needs more than remembering it.
+
+    Args:
+        metric: the score Tune reports (or None, to take ``tune.TuneConfig``'s).
+        mode: one of :attr:`modes` (or None, to take ``tune.TuneConfig``'s).
+        seed: for tests and reproducibility; None draws 128 bits from the OS's secure source.
     """
 
     threat_model: ClassVar[str]
@@ -62,8 +78,23 @@ class PrivateSearcher(Searcher):
     configs_public: ClassVar[bool] = True
     """False when trial configurations depend on non-released results (adaptive searchers):
     the privacy report then withholds them."""
-    _num_trials: int
-    _seed: int | None
+    modes: ClassVar[tuple[str, ...]] = ("max", "min")
+    """The modes this search accepts."""
+    needs_space: ClassVar[bool] = True
+    """False when the searcher brings its own candidates and Tune's param_space only adds constants."""
+    needs_metric: ClassVar[bool] = False
+    """True for adaptive searchers: they cannot suggest without a metric and a mode."""
+
+    def __init__(self, *, metric: str | None = None, mode: str | None = None, seed: int | None = None):
+        if metric is not None and (not isinstance(metric, str) or not metric):
+            raise ValueError(f"metric must be a non-empty str (the reported score's key) or None, got {metric!r}.")
+        self._check_mode(mode)
+        super().__init__(metric=metric, mode=mode)
+        self._seed = seed
+        self._rng = secure_rng(seed)
+        self._space: dict[str, Any] | None = None
+        self._suggested: dict[str, Any] = {}
+        self._num_trials = 0
 
     @property
     def num_trials(self) -> int:
@@ -122,6 +153,64 @@ class PrivateSearcher(Searcher):
         """Searcher-specific facts for the privacy report (JSON-serialisable)."""
         return {}
 
+    # ------------------------------------------------------------------ Searcher API
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+        """Takes Tune's metric and mode where none was given, and its space where the searcher has none."""
+        self.offer_space(config)
+        self._check_mode(mode)
+        self._metric = self._metric or metric
+        self._mode = self._mode or mode
+        if self._space is not None:
+            return False
+        self._set_space(config)
+        return True
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        """The next configuration (recorded before it is returned), None to wait, or FINISHED after K."""
+        if self._done():
+            return Searcher.FINISHED
+        name = type(self).__name__
+        if self.needs_space and self._space is None:
+            raise RuntimeError(f"{name} has no search space: pass `space=` to it or `param_space=` to tune.Tuner.")
+        if self.needs_metric and (self._metric is None or self._mode not in self.modes):
+            raise ValueError(
+                f"{name} needs a metric and a mode ('max' or 'min') to adapt: pass them to it or to tune.TuneConfig."
+            )
+        proposal = self._propose(trial_id)
+        if proposal is None:
+            return None
+        config, record = proposal
+        self._suggested[trial_id] = record
+        self.record_suggestion(trial_id, config)
+        return config
+
+    def get_state(self) -> dict[str, Any]:
+        """The common fields and the searcher's own (``_extra_state``): enough to continue identically."""
+        return {
+            "searcher": type(self).__name__,
+            "seed": self._seed,
+            "rng_state": self._rng.bit_generator.state,
+            "space": self._space,
+            "metric": self._metric,
+            "mode": self._mode,
+            "num_trials": self._num_trials,
+            "suggested": self._suggested,
+            **self._extra_state(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`get_state`; refuses another searcher's state or another space (PrivacyError)."""
+        if state.get("searcher") != type(self).__name__:
+            raise ValueError(f"Cannot restore a {type(self).__name__} from a state of {state.get('searcher')!r}.")
+        self.check_restored_space(state["space"])
+        state = copy.deepcopy(state)
+        self._seed = state["seed"]
+        self._rng = np.random.default_rng()
+        self._rng.bit_generator.state = state["rng_state"]
+        self._space, self._metric, self._mode = state["space"], state["metric"], state["mode"]
+        self._num_trials, self._suggested = int(state["num_trials"]), state["suggested"]
+        self._restore_extra(state)
+
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as file:
             pickle.dump(self.get_state(), file)
@@ -130,6 +219,32 @@ class PrivateSearcher(Searcher):
         with open(checkpoint_path, "rb") as file:
             self.set_state(pickle.load(file))
         logger.info("Restored %s: %d planned trials.", type(self).__name__, self._num_trials)
+
+    # ------------------------------------------------------------------ what a searcher adds
+    def _propose(self, trial_id: str) -> tuple[dict[str, Any], Any] | None:
+        """(config, what to remember of it) for ``trial_id``, or None to wait for running trials."""
+        raise NotImplementedError
+
+    def _done(self) -> bool:
+        """True once the search has nothing more to suggest: by default after K suggestions."""
+        return len(self._suggested) >= self._num_trials
+
+    def _set_space(self, space: dict[str, Any]) -> None:
+        """Adopts ``space`` (given to the searcher or by Tune)."""
+        check_space(space)
+        self._space = space
+
+    def _extra_state(self) -> dict[str, Any]:
+        """The searcher's own state, beyond the common fields."""
+        return {}
+
+    def _restore_extra(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`_extra_state` (``state`` is the restorer's own copy)."""
+
+    def _check_mode(self, mode: str | None) -> None:
+        if mode is not None and mode not in self.modes:
+            accepted = " or ".join(map(repr, self.modes))
+            raise ValueError(f"mode must be {accepted} (or None, to take tune.TuneConfig's), got {mode!r}.")
 
 
 class RunCountSearcher(PrivateSearcher):
@@ -160,4 +275,17 @@ class RunCountSearcher(PrivateSearcher):
 
     def privacy_mechanism(self) -> Mechanism:
         """K ~ law runs, best released: P&S Thm 2/6, DP-HyPO Thm 1 when ``density_ratio`` > 1."""
-        return Mechanism.random_count(law=self._distribution, num_trials=self._num_trials, density_ratio=self.density_ratio)
+        return Mechanism.random_count(
+            law=self._distribution, num_trials=self._num_trials, density_ratio=self.density_ratio
+        )
+
+    def _draw_count(self, distribution: RunCountDistribution) -> None:
+        """Draws K once from ``distribution`` with the searcher's generator (never again)."""
+        self._distribution = distribution
+        self._num_trials = distribution.sample(self._rng)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"distribution": self._distribution.to_dict()}
+
+    def _restore_extra(self, state: dict[str, Any]) -> None:
+        self._distribution = distribution_from_dict(state["distribution"])

@@ -1,4 +1,4 @@
-"""Cells of a Ray Tune search space: the discretisation DP-HyPO's density lives on.
+"""Discretisations of a Ray Tune search space: DP-HyPO's cells and DP-BO's candidate set.
 
 DP-HyPO (Wang et al. 2023, arXiv:2306.05734v2, §3.2 and App. C.2) bounds the
 ratio of the adaptive sampling density to the prior, and solves the projection
@@ -13,14 +13,9 @@ A draw picks a cell with the adaptive probabilities and then a point uniformly
 the prior's conditional law, so the density ratio to the prior at every point
 equals the cell's probability ratio: bounding it per cell bounds it everywhere.
 
-Coordinates. Every bounded numeric Tune domain is one axis of the unit cube,
-mapped so that a uniform u gives Tune's law: ``uniform`` linearly,
-``loguniform`` in log, ``randint``/``lograndint``/``qrandint`` and quantized
-floats through the same maps and rounding Ray's samplers use (``snap``). A
-``choice`` or ``grid_search`` is a discrete axis whose values each have prior
-probability 1/n (Tune's law for ``choice``; the law RandomCountSearcher uses for
-``grid_search``). ``sample_from`` functions are resolved last, from the rest of
-the configuration and the searcher's generator, as Tune does.
+Coordinates are :func:`~ray_dptune.search.space.read_space`'s: a uniform u on a
+numeric axis gives Tune's law for that domain, and each value of a ``choice`` or
+``grid_search`` has prior probability 1/n.
 
 Partitions (``d`` = number of numeric axes, ``n_disc`` = discrete combinations):
 
@@ -34,92 +29,38 @@ Partitions (``d`` = number of numeric axes, ``n_disc`` = discrete combinations):
   cell). 2 048 points by default (a power of two keeps Sobol's balance).
 
 Each discrete combination is crossed with every numeric cell.
+
+DP-BO's candidate set Λ (:func:`build_candidate_set`) uses the same coordinates:
+scrambled Sobol points crossed with the discrete combinations, drawn before any data.
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
+import json
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from ray.tune.search.sample import Categorical, Float, Function, Integer, LogUniform, Quantized, Uniform
-from ray.tune.search.variant_generator import assign_value, parse_spec_vars
 
-__all__ = ["DEFAULT_CELLS", "GRID_POINTS", "MAX_CELLS", "SearchCells", "build_cells"]
+from ray_dptune.search.space import read_space
+
+__all__ = [
+    "DEFAULT_CELLS",
+    "GRID_POINTS",
+    "MAX_CANDIDATES",
+    "MAX_CELLS",
+    "SearchCells",
+    "build_candidate_set",
+    "build_cells",
+    "sobol_points",
+]
 
 DEFAULT_CELLS = 2500  # budget of cells when the caller gives none (the paper's largest grid, 50×50)
 GRID_POINTS = 50  # default cells per numeric axis of a grid (d <= 2)
 MAX_CELLS = 100_000  # more cells than this makes each draw's check and the GP scoring slow
-
-
-class _NumericAxis:
-    """One bounded numeric Tune domain as a coordinate u in [0, 1) of the unit cube."""
-
-    def __init__(self, path: tuple, domain: Float | Integer):
-        sampler = domain.get_sampler()
-        self.q = None
-        if isinstance(sampler, Quantized):
-            self.q = sampler.q
-            sampler = sampler.get_sampler()
-        if not isinstance(sampler, (Uniform, LogUniform)):  # a bad value of a Tune space, as Tune says too
-            raise ValueError(  # noqa: TRY004
-                f"{'/'.join(map(str, path))}: a {type(domain).__name__} domain with sampler "
-                f"{type(sampler).__name__} has no bounded uniform prior; DP-HyPO bounds the density "
-                "relative to a prior on a finite space. Use tune.uniform / loguniform / randint / choice."
-            )
-        self.path, self.is_int, self.log = path, isinstance(domain, Integer), isinstance(sampler, LogUniform)
-        lo, hi = float(domain.lower), float(domain.upper)
-        if self.q is not None:  # Ray snaps the bounds inwards to multiples of q (sample.py::Quantized)
-            lo, hi = _grid_index(lo, self.q, math.ceil), _grid_index(hi, self.q, math.floor)
-            if self.is_int:
-                hi += 0 if self.q == 1 else 1  # Ray's index domain is upper-exclusive except for q == 1
-            else:
-                lo, hi = lo * self.q, hi * self.q
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi) or (self.log and lo <= 0):
-            raise ValueError(f"{'/'.join(map(str, path))}: bounds [{lo}, {hi}) do not make a finite prior.")
-        self.lo, self.hi = lo, hi
-        self._a, self._b = (math.log(lo), math.log(hi)) if self.log else (lo, hi)
-
-    def value(self, u: float) -> float | int:
-        """Tune's value for coordinate u: uniform u gives exactly Ray's law for this domain."""
-        x = self._a + u * (self._b - self._a)
-        x = math.exp(x) if self.log else x
-        if self.is_int:  # Ray: integers(lo, hi) or floor(exp(uniform(log lo, log hi))), times q
-            k = min(max(math.floor(x), int(self.lo)), math.ceil(self.hi) - 1)
-            return int(k * self.q) if self.q is not None else int(k)
-        return float(np.round(x / self.q) * self.q) if self.q is not None else float(x)
-
-    def coordinate(self, value: float) -> float:
-        """Where the surrogate sees ``value``: the (centre of its) preimage, in [0, 1]."""
-        x = float(value)
-        if self.is_int:  # the centre of the index's preimage [k, k + 1) in the sampler's scale
-            x = x / self.q if self.q is not None else x
-            x = math.sqrt(x * (x + 1.0)) if self.log else x + 0.5
-        t = ((math.log(x) if self.log else x) - self._a) / (self._b - self._a)
-        return min(max(t, 0.0), 1.0)
-
-
-class _DiscreteAxis:
-    """A ``choice`` or ``grid_search``: n values, each of prior probability 1/n."""
-
-    def __init__(self, path: tuple, categories: list):
-        self.path, self.values = path, list(categories)
-        numeric = all(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in self.values)
-        distinct = sorted({float(v) for v in self.values}) if numeric else []
-        if len(distinct) > 1:  # ordered: one coordinate, the value's rank
-            rank = {v: i / (len(distinct) - 1) for i, v in enumerate(distinct)}
-            self.encoding = np.array([[rank[float(v)]] for v in self.values])
-        else:  # unordered: one-hot over distinct values (no column for a single value)
-            labels = list(dict.fromkeys(map(repr, self.values)))
-            columns = len(labels) if len(labels) > 1 else 0
-            self.encoding = np.zeros((len(self.values), columns))
-            for row, v in enumerate(self.values):
-                if columns:
-                    self.encoding[row, labels.index(repr(v))] = 1.0
+MAX_CANDIDATES = 20_000  # the most configurations in DP-BO's candidate set Λ
 
 
 @dataclass(frozen=True)
@@ -152,22 +93,14 @@ class SearchCells:
 
     def sample(self, cell: int, rng: np.random.Generator) -> tuple[dict[str, Any], np.ndarray]:
         """A configuration drawn uniformly (in cube coordinates) inside ``cell``, and its features."""
-        numeric, discrete, functions = _axes(self.space)
+        axes = read_space(self.space)
         combo, box = divmod(int(cell), self.lower.shape[0])
         u = self.lower[box] + self.width[box] * rng.random(self.lower.shape[1])
         upper = np.minimum(self.lower[box] + self.width[box], 1.0)
         u = np.minimum(u, np.nextafter(upper, 0.0))  # stay inside [lower, upper) ⊂ [0, 1)
-        indices = _combos(discrete)[combo]
-        config = copy.deepcopy(self.space)
-        for axis, t in zip(numeric, u):
-            assign_value(config, axis.path, axis.value(float(t)))
-        for axis, index in zip(discrete, indices):
-            value = axis.values[index]
-            assign_value(config, axis.path, value.item() if isinstance(value, np.generic) else value)
-        for path, domain in functions:
-            value = domain.sample(config=config, random_state=rng)
-            assign_value(config, path, value.item() if isinstance(value, np.generic) else value)
-        return config, _features(numeric, discrete, u[None, :], indices[None, :])[0]
+        indices = axes.combos()[combo]
+        config = axes.config(u, indices, rng)
+        return config, axes.features(u[None, :], indices[None, :])[0]
 
     def to_state(self) -> dict[str, np.ndarray]:
         """The arrays that, with the space, rebuild these cells exactly."""
@@ -194,11 +127,11 @@ def build_cells(space: dict, rng: np.random.Generator, budget: int | None = None
     """
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise ValueError(f"candidates must be a positive int (the number of cells) or None, got {budget!r}.")
-    numeric, discrete, _ = _axes(space)
-    n_disc = math.prod(len(axis.values) for axis in discrete)
+    axes = read_space(space)
+    n_disc = math.prod(len(axis.values) for axis in axes.discrete)
     if n_disc > MAX_CELLS:
         raise ValueError(f"The space has {n_disc} discrete combinations, above {MAX_CELLS}; coarsen it.")
-    d, per_combo = len(numeric), max(1, (budget or DEFAULT_CELLS) // n_disc)
+    d, per_combo = len(axes.numeric), max(1, (budget or DEFAULT_CELLS) // n_disc)
     if d == 0:
         lower, width = np.zeros((1, 0)), np.ones((1, 0))
         anchor = lower
@@ -211,68 +144,59 @@ def build_cells(space: dict, rng: np.random.Generator, budget: int | None = None
         anchor = lower + 0.5 * width
     else:
         n = 2 ** int(math.log2(per_combo)) if budget is None else per_combo
-        anchor = _sobol(d, n, rng)
+        anchor = sobol_points(d, n, rng)
         lower, width = _kd_boxes(anchor)
     return _assemble(space, lower, width, anchor)
 
 
+def build_candidate_set(space: dict, rng: np.random.Generator, num_candidates: int) -> tuple[list[dict], np.ndarray]:
+    """DP-BO's Λ of a Tune space: configurations and their unit-cube coordinates, drawn without data.
+
+    grid_search and choice values form a cartesian product; the numeric domains get
+    ``num_candidates`` scrambled Sobol points (from ``rng``) crossed with it;
+    ``sample_from`` values are resolved once per candidate. Duplicates are dropped.
+
+    Returns:
+        (configs, features): n configurations and an (n, k) array in [0, 1].
+
+    Raises:
+        ValueError: an empty Λ, an unbounded domain, or more than ``MAX_CANDIDATES``.
+    """
+    axes = read_space(space)
+    combos = axes.combos()
+    if combos.shape[0] == 0 or any(len(axis.values) == 0 for axis in axes.discrete):
+        raise ValueError("The search space has an empty grid_search or choice: the candidate set Λ is empty.")
+    u = sobol_points(len(axes.numeric), num_candidates, rng) if axes.numeric else np.zeros((1, 0))
+    if combos.shape[0] * u.shape[0] > MAX_CANDIDATES:
+        raise ValueError(f"Λ would hold {combos.shape[0] * u.shape[0]} candidates, above {MAX_CANDIDATES}; coarsen it.")
+    configs, rows, seen = [], [], set()
+    for combo in combos:
+        features = axes.features(u, np.tile(combo, (u.shape[0], 1)))
+        for point, row in zip(u, features):
+            config = axes.config(point, combo, rng)
+            key = json.dumps(config, sort_keys=True, default=repr)
+            if key not in seen:
+                seen.add(key)
+                configs.append(config)
+                rows.append(row)
+    return configs, np.asarray(rows, dtype=float).reshape(len(configs), -1)
+
+
 # ---------------------------------------------------------------------------- helpers
-def _grid_index(bound: float, q: float, round_fn: Any) -> float:
-    """Ray's ``Quantized._grid_index``: the bound's index on the multiples of q, rounded inwards."""
-    scaled = bound / q
-    nearest = round(scaled)
-    return float(nearest) if math.isclose(scaled, nearest) else float(round_fn(scaled))
-
-
-def _axes(space: dict) -> tuple[list[_NumericAxis], list[_DiscreteAxis], list[tuple[tuple, Function]]]:
-    if not isinstance(space, dict):
-        raise TypeError(f"The search space must be a dict (Tune's param_space), got {type(space).__name__}.")
-    _, domain_vars, grid_vars = parse_spec_vars(space)
-    numeric, discrete, functions = [], [], []
-    for path, domain in domain_vars:
-        if isinstance(domain, Function):
-            functions.append((path, domain))
-        elif isinstance(domain, Categorical):
-            discrete.append(_DiscreteAxis(path, domain.categories))
-        elif isinstance(domain, (Float, Integer)):
-            numeric.append(_NumericAxis(path, domain))
-        else:
-            raise ValueError(f"{'/'.join(map(str, path))}: unsupported Tune domain {type(domain).__name__}.")  # noqa: TRY004
-    discrete += [_DiscreteAxis(path, grid.categories) for path, grid in grid_vars]
-    return numeric, discrete, functions
-
-
-def _combos(discrete: list[_DiscreteAxis]) -> np.ndarray:
-    sizes = [len(axis.values) for axis in discrete]
-    if not sizes:
-        return np.zeros((1, 0), dtype=int)
-    return np.array(list(itertools.product(*map(range, sizes))), dtype=int)
-
-
-def _features(numeric: list, discrete: list, u: np.ndarray, combos: np.ndarray) -> np.ndarray:
-    """Surrogate inputs in [0, 1]: snapped numeric coordinates, then the discrete encodings."""
-    columns = [
-        np.array([[axis.coordinate(axis.value(float(t)))] for t in u[:, j]]).reshape(-1, 1)
-        for j, axis in enumerate(numeric)
-    ]
-    columns += [axis.encoding[combos[:, j]] for j, axis in enumerate(discrete)]
-    return np.hstack(columns) if columns else np.zeros((u.shape[0], 0))
-
-
 def _assemble(space: dict, lower: np.ndarray, width: np.ndarray, anchor: np.ndarray) -> SearchCells:
-    numeric, discrete, _ = _axes(space)
-    if lower.shape[1] != len(numeric):
+    axes = read_space(space)
+    if lower.shape[1] != len(axes.numeric):
         raise ValueError("The saved cells do not match this space's numeric axes.")
-    combos = _combos(discrete)
+    combos = axes.combos()
     volume = np.prod(width, axis=1)
     prior = np.tile(volume / volume.sum(), len(combos)) / len(combos)
-    box_features = _features(numeric, [], anchor, np.zeros((len(anchor), 0), dtype=int))
-    combo_features = _features([], discrete, np.zeros((len(combos), 0)), combos)
+    box_features, combo_features = axes.numeric_features(anchor), axes.discrete_features(combos)
     features = np.hstack([np.tile(box_features, (len(combos), 1)), np.repeat(combo_features, len(anchor), axis=0)])
     return SearchCells(space, lower, width, anchor, prior, features)
 
 
-def _sobol(d: int, n: int, rng: np.random.Generator) -> np.ndarray:
+def sobol_points(d: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, d) scrambled Sobol points in [0, 1)^d (the first n of the next power of two), from ``rng``."""
     from scipy.stats import qmc
 
     try:

@@ -22,16 +22,11 @@ plus the final trial's DP-SGD plan (:meth:`ConstantOverheadSearcher.privacy_mech
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import numpy as np
-from ray.tune.search import Searcher
-from ray.tune.search.sample import Categorical, Domain
 
 from ray_dptune.accounting.account import Mechanism
 from ray_dptune.accounting.svt import (
@@ -43,9 +38,9 @@ from ray_dptune.accounting.svt import (
     run_svt,
     worst_case_noiseless_rounds,
 )
-from ray_dptune.distributions import secure_rng
 from ray_dptune.errors import UnsupportedBoundError
 from ray_dptune.search.base import PrivateSearcher
+from ray_dptune.search.space import FINITE_ONLY, expand_candidates, is_fixed
 
 __all__ = ["PARTITION_KEY", "ConstantOverheadSearcher", "expand_candidates"]
 
@@ -53,60 +48,6 @@ logger = logging.getLogger(__name__)
 
 PARTITION_KEY = "dp_partition"
 """Config key of a partition trial: ``{"index": i, "count": k, "private": bool}``, 0 <= i < k."""
-
-_STATE_VERSION = 1
-
-_FINITE_ONLY = (
-    "The constant-overhead search needs a finite candidate set S: give a list of config dicts, or a "
-    "space whose tuned entries are all tune.grid_search([...]) or tune.choice([...]); {path} is {kind}."
-)
-
-
-def expand_candidates(space: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The finite set S of a Tune space: the cartesian product of its grid and choice values.
-
-    Order is deterministic: the space's keys in insertion order (nested dicts depth first),
-    the last key varying fastest, each key's values in the order given. Constant entries
-    are kept in every candidate.
-
-    Raises:
-        ValueError: a continuous or function-valued entry (S must be finite).
-    """
-    if not isinstance(space, Mapping):
-        raise TypeError(f"The search space must be a dict (Tune's param_space), got {type(space).__name__}.")
-    axes: list[tuple[tuple[str, ...], list[Any]]] = []
-    constants: list[tuple[tuple[str, ...], Any]] = []
-    _walk(space, (), axes, constants)
-    candidates = []
-    for values in itertools.product(*(options for _, options in axes)):
-        config: dict[str, Any] = {}
-        for path, value in constants:
-            _assign(config, path, copy.deepcopy(value))
-        for (path, _), value in zip(axes, values):
-            _assign(config, path, copy.deepcopy(value))
-        candidates.append(config)
-    return candidates
-
-
-def _walk(node: Mapping[str, Any], prefix: tuple[str, ...], axes: list, constants: list) -> None:
-    for key, value in node.items():
-        path = (*prefix, str(key))
-        if isinstance(value, Mapping) and set(value.keys()) == {"grid_search"}:
-            axes.append((path, list(value["grid_search"])))
-        elif isinstance(value, Categorical):  # tune.choice
-            axes.append((path, list(value.categories)))
-        elif isinstance(value, Domain):
-            raise ValueError(_FINITE_ONLY.format(path="/".join(path), kind=f"a {type(value).__name__} domain"))
-        elif isinstance(value, Mapping):
-            _walk(value, path, axes, constants)
-        else:
-            constants.append((path, value))
-
-
-def _assign(config: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        config = config.setdefault(key, {})
-    config[path[-1]] = value
 
 
 class ConstantOverheadSearcher(PrivateSearcher):
@@ -169,6 +110,8 @@ class ConstantOverheadSearcher(PrivateSearcher):
         TypeError: candidates, ``private_partitions`` or ``fallback`` of the wrong type.
     """
 
+    modes = ("max",)
+    needs_space = False
     threat_model = (
         "training set (add/remove one example): partition trials may train without DP; their models "
         "are never released and their accuracies (public validation set, each in [0, 1]) reach the "
@@ -199,8 +142,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
         seed: int | None = None,
         fallback: int = 0,
     ):
-        _check_mode(mode)
-        super().__init__(metric=metric, mode=mode or "max")
+        super().__init__(metric=metric, mode="max" if mode is None else mode, seed=seed)
         self._candidates = _candidate_list(candidates)
         self._params = SVTParams(
             partitions=partitions, epsilon=epsilon_round, granularity=granularity, initial_utility=initial_utility
@@ -217,12 +159,9 @@ class ConstantOverheadSearcher(PrivateSearcher):
         if not 0 <= fallback < len(self._candidates):
             raise ValueError(f"fallback must index a candidate, in [0, {len(self._candidates)}), got {fallback}.")
         self._fallback = int(fallback)
-        self._seed = seed
-        self._rng = secure_rng(seed)
         k = self._params.partitions
         self._num_trials = len(self._candidates) * k + 1
         self._queue: list[tuple[int, int]] = [(s, i) for s in range(len(self._candidates)) for i in range(k)]
-        self._suggested: dict[str, tuple[int, int] | str] = {}  # trial id -> (s, i) or "final"
         self._accuracies: dict[tuple[int, int], float] = {}  # NOT private: never reported
         self._finished: set[str] = set()
         self._outcome: SVTResult | None = None
@@ -310,39 +249,35 @@ class ConstantOverheadSearcher(PrivateSearcher):
 
     # ------------------------------------------------------------------ Searcher API
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
-        self.offer_space(config)
-        _check_mode(mode)
-        self._metric = self._metric or metric
-        if config and _mentions_partition(config):
+        """Takes Tune's metric; the param_space may only add constants (S was given to the searcher)."""
+        if config and PARTITION_KEY in config:
             raise ValueError(f"param_space must not set {PARTITION_KEY!r}: the searcher assigns the partitions.")
-        return False  # S was given to the searcher; Tune refuses a param_space with tuned entries
+        super().set_search_properties(metric, mode, config, **spec)
+        return False  # Tune then refuses a param_space with tuned entries
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+    def _done(self) -> bool:
         if self._violation is not None:
             raise UnsupportedBoundError(self._violation)
+        return self._final_trial_id is not None
+
+    def _propose(self, trial_id: str) -> tuple[dict[str, Any], tuple[int, int] | str] | None:
+        """A partition trial (s, i) while any is left, then, once all are done, the final trial."""
         if self._queue:
             s, i = self._queue.pop(0)
-            self._suggested[trial_id] = (s, i)
             config = copy.deepcopy(self._candidates[s])
             config[PARTITION_KEY] = {"index": i, "count": self._params.partitions, "private": self._private_partitions}
-            self.record_suggestion(trial_id, config)
-            return config
-        if self._final_trial_id is not None:
-            return Searcher.FINISHED
+            return config, (s, i)
         if self._outcome is None:
             if len(self._accuracies) < len(self._candidates) * self._params.partitions:
                 return None  # partition trials still running
             self._select()
         self._final_trial_id = trial_id
-        self._suggested[trial_id] = "final"
         logger.info(
             "Constant-overhead search: final trial %s trains candidate %d on the whole training set.",
             trial_id,
             self.selected_index,
         )
-        config = copy.deepcopy(self._candidates[self.selected_index])
-        self.record_suggestion(trial_id, config)
-        return config
+        return copy.deepcopy(self._candidates[self.selected_index]), "final"
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Records a partition trial's final accuracy (0 if it failed); runs the rounds after the last."""
@@ -366,54 +301,29 @@ class ConstantOverheadSearcher(PrivateSearcher):
         if self._outcome is None and not self._queue and len(self._accuracies) == self._num_trials - 1:
             self._select()
 
-    def get_state(self) -> dict[str, Any]:
+    def _extra_state(self) -> dict[str, Any]:
         return {
-            "version": _STATE_VERSION,
             "candidates": self._candidates,
             "params": self._params.to_dict(),
             "max_rounds": self._max_rounds,
             "max_rounds_source": self._max_rounds_source,
             "private_partitions": self._private_partitions,
             "fallback": self._fallback,
-            "seed": self._seed,
-            "rng_state": self._rng.bit_generator.state,
-            "metric": self._metric,
-            "mode": self._mode,
-            "queue": list(self._queue),
-            "suggested": dict(self._suggested),
-            "accuracies": dict(self._accuracies),
+            "queue": self._queue,
+            "accuracies": self._accuracies,
             "finished": sorted(self._finished),
             "outcome": None if self._outcome is None else self._outcome.to_dict(),
             "final_trial_id": self._final_trial_id,
             "violation": self._violation,
         }
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"Cannot restore a ConstantOverheadSearcher state of version {state.get('version')!r} "
-                f"(this version reads {_STATE_VERSION})."
-            )
-        self._candidates = copy.deepcopy(state["candidates"])
-        self._params = SVTParams(**state["params"])
-        self._max_rounds = int(state["max_rounds"])
-        self._max_rounds_source = state["max_rounds_source"]
-        self._private_partitions = bool(state["private_partitions"])
-        self._fallback = int(state["fallback"])
-        self._seed = state["seed"]
-        self._rng = np.random.default_rng()
-        self._rng.bit_generator.state = state["rng_state"]
-        self._metric = state["metric"]
-        self._mode = state["mode"]
-        self._num_trials = len(self._candidates) * self._params.partitions + 1
-        self._queue = [tuple(task) for task in state["queue"]]
-        self._suggested = {key: (task if task == "final" else tuple(task)) for key, task in state["suggested"].items()}
-        self._accuracies = {tuple(task): float(value) for task, value in state["accuracies"].items()}
-        self._finished = set(state["finished"])
-        outcome = state["outcome"]
-        self._outcome = None if outcome is None else SVTResult(**outcome)
-        self._final_trial_id = state["final_trial_id"]
-        self._violation = state["violation"]
+    def _restore_extra(self, state: dict[str, Any]) -> None:
+        self._candidates, self._params = state["candidates"], SVTParams(**state["params"])
+        self._max_rounds, self._max_rounds_source = int(state["max_rounds"]), state["max_rounds_source"]
+        self._private_partitions, self._fallback = bool(state["private_partitions"]), int(state["fallback"])
+        self._queue, self._accuracies, self._finished = state["queue"], state["accuracies"], set(state["finished"])
+        self._outcome = None if state["outcome"] is None else SVTResult(**state["outcome"])
+        self._final_trial_id, self._violation = state["final_trial_id"], state["violation"]
 
     # ------------------------------------------------------------------ helpers
     def _accuracy(self, trial_id: str, result: Mapping[str, Any]) -> float:
@@ -453,13 +363,6 @@ class ConstantOverheadSearcher(PrivateSearcher):
         )
 
 
-def _check_mode(mode: str | None) -> None:
-    if mode not in (None, "max"):
-        raise ValueError(
-            f"The constant-overhead search maximises an accuracy in [0, 1]; mode must be 'max', got {mode!r}."
-        )
-
-
 def _candidate_list(candidates: Any) -> list[dict[str, Any]]:
     if isinstance(candidates, Mapping):
         result = expand_candidates(candidates)
@@ -468,8 +371,8 @@ def _candidate_list(candidates: Any) -> list[dict[str, Any]]:
         for index, candidate in enumerate(candidates):
             if not isinstance(candidate, Mapping):
                 raise TypeError(f"candidates[{index}] must be a config dict, got {type(candidate).__name__}.")
-            if any(isinstance(value, Domain) for value in _leaves(candidate)):
-                raise ValueError(_FINITE_ONLY.format(path=f"candidates[{index}]", kind="not a fixed config"))
+            if not is_fixed(dict(candidate)):
+                raise ValueError(FINITE_ONLY.format(path=f"candidates[{index}]", kind="not a fixed config"))
             result.append(copy.deepcopy(dict(candidate)))
     else:
         raise TypeError(
@@ -478,17 +381,6 @@ def _candidate_list(candidates: Any) -> list[dict[str, Any]]:
         )
     if not result:
         raise ValueError("candidates is empty: the constant-overhead search needs at least one candidate.")
-    if any(_mentions_partition(candidate) for candidate in result):
+    if any(PARTITION_KEY in candidate for candidate in result):
         raise ValueError(f"A candidate must not set {PARTITION_KEY!r}: the searcher assigns the partitions.")
     return result
-
-
-def _leaves(node: Mapping[str, Any]) -> list[Any]:
-    leaves = []
-    for value in node.values():
-        leaves.extend(_leaves(value) if isinstance(value, Mapping) else [value])
-    return leaves
-
-
-def _mentions_partition(config: Mapping[str, Any]) -> bool:
-    return PARTITION_KEY in config

@@ -177,16 +177,17 @@ def dominant_plan(plans: Iterable[TrialSpend]) -> TrialSpend | None:
 
 def candidates(key: str, value: Any) -> list[Any]:
     """The values of one key of a Tune space that a worst case must be taken over."""
-    from ray.tune.search.sample import Categorical, Domain, Float, Integer  # imported here: Ray is slow to import
+    from ray.tune.search.sample import Float, Integer  # imported here: Ray is slow to import
 
-    if isinstance(value, Mapping) and "grid_search" in value:
-        return list(value["grid_search"])
-    if isinstance(value, Categorical):
-        return list(value.categories)
+    from ray_dptune.search.space import choices, is_fixed
+
+    values = choices(value)
+    if values is not None:
+        return values
     if isinstance(value, (Float, Integer)):
         return [_worst_end(key, value, integer=isinstance(value, Integer))]
-    if isinstance(value, Domain):
-        raise ValueError(  # noqa: TRY004 - a valid Tune domain, but one this plan cannot bound
+    if not is_fixed(value):
+        raise ValueError(
             f"{key} is given as {type(value).__name__} domain {value!r}, whose range is unknown; "
             "use tune.choice, tune.grid_search, a numeric range, or a fixed value."
         )

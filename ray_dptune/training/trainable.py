@@ -203,7 +203,9 @@ class DPTrainable:
         return plan
 
     def _train_set(self, param_space: Mapping[str, Any]) -> Dataset:
-        fixed = {key: value for key, value in param_space.items() if _is_fixed(value)}
+        from ray_dptune.search.space import is_fixed  # imported here: Ray is slow to import
+
+        fixed = {key: value for key, value in param_space.items() if is_fixed(value)}
         return self.spec.data_fn(fixed)[0]
 
     def __repr__(self) -> str:
@@ -214,9 +216,3 @@ def _report_to_tune(metrics: dict[str, Any], checkpoint_dir: str) -> None:
     from ray import tune
 
     tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
-
-
-def _is_fixed(value: Any) -> bool:
-    from ray.tune.search.sample import Domain
-
-    return not isinstance(value, Domain) and not (isinstance(value, Mapping) and "grid_search" in value)
