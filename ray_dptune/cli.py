@@ -165,9 +165,10 @@ def _add_plan_parser(subparsers: Any) -> None:
         f"for the P[success] column (default: {DEFAULT_SUCCESS_P:g}).",
     )
     search.add_argument(
-        "--generic",
+        "--closed-form",
         action="store_true",
-        help="also evaluate the generic bound (P&S Lemma 7) numerically and keep the smaller ε; tighter, slower.",
+        help="closed forms only (P&S Thms 2/6, DP-HyPO Thm 1), without the numeric Lemma 7 bound the default "
+        "also evaluates (keeping the smaller ε): the cross-check, never tighter.",
     )
 
     output = plan.add_argument_group("output")
@@ -254,16 +255,18 @@ def _run_plan(args: argparse.Namespace) -> int:
         if args.plot is not None:
             cli_format.check_plot_path(args.plot)
         base = _build_base(args)
-        rows = plan_rows(base, laws, args.mean, delta=args.delta, success_p=args.success_p, generic=args.generic)
+        rows = plan_rows(
+            base, laws, args.mean, delta=args.delta, success_p=args.success_p, generic=not args.closed_form
+        )
         if args.plot is not None:
             cli_format.plot_epsilon_vs_mean(
-                args.plot, base, laws, delta=args.delta, generic=args.generic, means=args.mean
+                args.plot, base, laws, delta=args.delta, generic=not args.closed_form, means=args.mean
             )
     except ValueError as error:  # the library's and our own validation messages
         parser.error(str(error))
     except OSError as error:
         parser.exit(1, f"{parser.prog}: error: cannot write {args.plot}: {error}\n")
-    settings = {"delta": args.delta, "success_p": args.success_p, "generic": args.generic, "plot": args.plot}
+    settings = {"delta": args.delta, "success_p": args.success_p, "generic": not args.closed_form, "plot": args.plot}
     if args.json:
         print(json.dumps(cli_format.plan_json(base, rows, **settings), indent=2, allow_nan=False))
     else:

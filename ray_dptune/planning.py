@@ -161,7 +161,7 @@ class BaseMechanism:
         """ε at ``delta`` of one run."""
         return self.curve.epsilon(delta=delta)
 
-    def search_epsilon(self, law: RunCountDistribution, *, delta: float, generic: bool = False) -> float:
+    def search_epsilon(self, law: RunCountDistribution, *, delta: float, generic: bool = True) -> float:
         """ε at ``delta`` of K ~ ``law`` runs, best released (P&S Thms 2/6; ``generic``: also Lemma 7)."""
         profile = self.profile if isinstance(law, Poisson) else None
         return repeat_and_select(self.curve, law, base_delta=profile, generic=generic).epsilon(delta=delta)
@@ -184,7 +184,7 @@ def plan_rows(
     *,
     delta: float,
     success_p: float,
-    generic: bool = False,
+    generic: bool = True,
 ) -> list[dict[str, Any]]:
     """One row per (mean, law): the numbers ``ray-dptune plan`` prints.
 
@@ -194,7 +194,7 @@ def plan_rows(
         means: requested E[K] values.
         delta: δ of the whole search.
         success_p: chance that one run succeeds.
-        generic: also use the numeric P&S Lemma 7 bound (keeps the smaller ε).
+        generic: also use the certified numeric P&S Lemma 7 bound (keeps the smaller ε; the default).
 
     Returns:
         Dicts with keys law, law_spec, requested_mean, mean, epsilon, composition_runs,
@@ -227,7 +227,7 @@ def plan_rows(
 
 
 def epsilon_curves(
-    base: BaseMechanism, laws: Sequence[LawSpec], *, delta: float, top: float, points: int, generic: bool = False
+    base: BaseMechanism, laws: Sequence[LawSpec], *, delta: float, top: float, points: int, generic: bool = True
 ) -> tuple[dict[str, tuple[list[float], list[float]]], tuple[np.ndarray, list[float]]]:
     """ε of the whole search against E[K] up to ``top`` (P&S Figure 4), per law and for composition.
 

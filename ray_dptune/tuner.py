@@ -39,7 +39,7 @@ def private_tuner(
     mode: str | None = None,
     tune_config: tune.TuneConfig | None = None,
     run_config: tune.RunConfig | None = None,
-    generic: bool = False,
+    generic: bool = True,
     ledger: Any = None,
     dataset: str | None = None,
     verbose: bool = True,
@@ -68,7 +68,8 @@ def private_tuner(
         tune_config: other ``tune.TuneConfig`` settings (``max_concurrent_trials``, ...); its
             ``search_alg`` and ``num_samples`` belong to the private search.
         run_config: ``tune.RunConfig`` passed through; the accountant is added to its callbacks.
-        generic: also use the numeric P&S Lemma 7 bound (tighter, slower).
+        generic: also use the certified numeric P&S Lemma 7 bound and the base's exact profile (the
+            default, the tightest; False: closed forms only, the cross-check).
         ledger: a :class:`~ray_dptune.ledger.PrivacyLedger`; ``dataset`` names the data set.
             The report then also gives every search on it (``epsilon_dataset``).
         dataset: identifier of the private data set, with ``ledger``.
