@@ -40,6 +40,7 @@ from ray_dptune.training.quantile import (
 )
 
 __all__ = [
+    "PER_SAMPLE_GRADIENT_CLIPPING",
     "Clipping",
     "ClippingMode",
     "FixedClipping",
@@ -54,8 +55,12 @@ __all__ = [
 ClippingMode = Literal["fixed", "quantile", "oso"]
 """The values of ``config["clipping"]``."""
 
+PER_SAMPLE_GRADIENT_CLIPPING: frozenset[str] = frozenset({"quantile", "oso"})
+"""Modes that read per-sample gradients: never trained with ``grad_sample_mode="ghost"``
+(``"auto"`` avoids it for them: :mod:`~ray_dptune.training.grad_sample`)."""
+
 _PER_SAMPLE_GRADIENTS_NEEDED = (
-    "clipping={mode!r} needs per-sample gradients; grad_sample_mode='ghost' has none: use 'ew'."
+    "clipping={mode!r} needs per-sample gradients; grad_sample_mode='ghost' has none: use 'auto' (the default) or 'ew'."
 )
 
 
@@ -144,7 +149,7 @@ def clipping_from_config(
         config: the trial's config.
         noise_multiplier: the trial's ν.
         batch_size: the trial's expected batch size (for σ_b's default).
-        grad_sample_mode: Opacus's per-sample gradient mode.
+        grad_sample_mode: Opacus's per-sample gradient mode, or "auto" (never ghost here).
         optimizer: "sgd" or "adam".
 
     Raises:
@@ -156,7 +161,7 @@ def clipping_from_config(
         raise ValueError(f"config['clipping'] must be one of {get_args(ClippingMode)}, got {mode!r}.")
     if mode == "fixed":
         return FixedClipping()
-    if grad_sample_mode == "ghost":
+    if grad_sample_mode == "ghost" and mode in PER_SAMPLE_GRADIENT_CLIPPING:
         raise ValueError(_PER_SAMPLE_GRADIENTS_NEEDED.format(mode=mode))
     if mode == "quantile":
         settings = QuantileClipping(

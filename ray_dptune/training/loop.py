@@ -39,6 +39,7 @@ from ray_dptune.training.clipping import (
     clipping_state,
     restore_clipping_state,
 )
+from ray_dptune.training.grad_sample import resolve_grad_sample_mode
 from ray_dptune.training.partition import PARTITION_KEY, Partition
 from ray_dptune.training.plan import PrivacyParams, sampling_schedule, trial_plan
 from ray_dptune.training.spec import Hyperparameters, LossFn, TrainSpec
@@ -69,6 +70,7 @@ class _Run:
     criterion: Callable[..., Any]
     loader: DataLoader
     zero_weight_empty_batches: bool
+    grad_sample_mode: str | None = None  # the resolved Opacus mode when private
 
 
 class _Randomness:
@@ -251,7 +253,12 @@ def _prepare_run(
     # Built here so that q is exactly batch_size / n; make_private(poisson_sampling=True)
     # would rebuild it at q = 1 / ceil(n / batch_size).
     loader = DPDataLoader(train_set, sample_rate=sample_rate, generator=randomness.sampling)
-    ghost = spec.grad_sample_mode == "ghost"
+    # "auto" -> one of Opacus's modes, from the model and batch size only (no data, no timing).
+    choice = resolve_grad_sample_mode(
+        spec.grad_sample_mode, model, batch_size=params.batch_size, clipping=clipping.mode
+    )
+    logger.info("grad_sample_mode=%r (%s)", choice.mode, choice.reason)
+    ghost = choice.mode == "ghost"
     private = PrivacyEngine(accountant="rdp").make_private(
         module=model,
         optimizer=optimizer,
@@ -261,7 +268,7 @@ def _prepare_run(
         max_grad_norm=hyper.max_grad_norm,
         poisson_sampling=False,  # the loader above already samples
         clipping="flat",
-        grad_sample_mode=spec.grad_sample_mode,
+        grad_sample_mode=choice.mode,
         noise_generator=randomness.noise,
     )
     if ghost:
@@ -278,8 +285,8 @@ def _prepare_run(
     dp_optimizer = clipping.wrap(dp_optimizer)
     if resume is not None:
         restore_clipping_state(clipping, dp_optimizer, resume.clipping_state)
-    empty_batch_placeholder = spec.grad_sample_mode in _EMPTY_BATCH_UNSUPPORTED
-    return _Run(model, model._module, dp_optimizer, optimizer, criterion, loader, empty_batch_placeholder)
+    empty_batch_placeholder = choice.mode in _EMPTY_BATCH_UNSUPPORTED
+    return _Run(model, model._module, dp_optimizer, optimizer, criterion, loader, empty_batch_placeholder, choice.mode)
 
 
 def _prepare_plain_run(

@@ -23,19 +23,23 @@ __all__ = [
     "TrainSpec",
 ]
 
-GradSampleMode = Literal["hooks", "ew", "functorch", "ghost"]
-"""Opacus's ways to get per-sample gradient norms (``make_private(grad_sample_mode=...)``)."""
+GradSampleMode = Literal["auto", "hooks", "ew", "functorch", "ghost"]
+"""Opacus's ways to get per-sample gradient norms (``make_private(grad_sample_mode=...)``),
+or ``"auto"``: chosen per trial from the model, batch size and clipping
+(:func:`ray_dptune.training.grad_sample.choose_grad_sample_mode`)."""
 
-DEFAULT_GRAD_SAMPLE_MODE: GradSampleMode = "ew"
-"""The fastest mode measured by ``benchmarks/dpsgd_step.py`` (``benchmarks/results/dpsgd_step.md``).
+DEFAULT_GRAD_SAMPLE_MODE: GradSampleMode = "auto"
+"""Chosen per model: no single mode is fastest (``benchmarks/results/dpsgd_step.md``).
 
-On the digits CNN, batch 64, one CPU thread, a training iteration took ~2.0-2.2x a
-non-private one with expanded weights (``torch.nn.utils._expanded_weights``), against
-~2.3-2.4x with Opacus's hooks, ~2.6x with ghost clipping and ~3.8-3.9x with functorch.
-Expanded weights' two caveats are handled by the loop (``ray_dptune.training.loop``):
-the wrapped model is never called for evaluation (its ``_module`` is, under
-``torch.no_grad()``), and an empty Poisson batch, which it rejects, becomes a
-zero-weighted placeholder batch whose per-sample gradient is exactly 0.
+Expanded weights ("ew") were fastest on the 8 714-parameter digits CNN, but 28-39x
+slower than non-private training on a 1 M-parameter MLP at batch 256, where ghost
+clipping is ~2x. ``"auto"`` picks ghost when the per-sample gradients it avoids are
+large (and the clipping needs none), else ew, else hooks; every mode computes the same
+DP-SGD step, so the choice never changes the privacy plan. Expanded weights' caveats
+are handled by the loop (``ray_dptune.training.loop``): the wrapped model is never
+called for evaluation (its ``_module`` is, under ``torch.no_grad()``), and an empty
+Poisson batch, which it rejects, becomes a zero-weighted placeholder batch whose
+per-sample gradient is exactly 0.
 """
 
 OptimizerName = Literal["sgd", "adam"]
@@ -61,7 +65,7 @@ class TrainSpec:
         loss_fn: ``(logits, targets, reduction="mean") -> loss``; must return the batch mean.
         privacy: the fixed privacy parameters (config keys of the same names override them).
         metric: name of the reported score (validation accuracy).
-        grad_sample_mode: Opacus's per-sample gradient mode.
+        grad_sample_mode: Opacus's per-sample gradient mode, or "auto" (default: per model).
         optimizer: "sgd" or "adam".
         seed: seed of initialisation, sampling and noise; None draws fresh entropy.
             A known seed makes the noise predictable: for tests and debugging only.
