@@ -33,6 +33,7 @@ FAST_MODULES = {
     "test_journal.py",
     "test_fuzz.py",
     "test_codebase.py",
+    "test_searcher_contract.py",
 }
 """Pure-math and bookkeeping modules: ``pytest -m fast`` runs their tests not marked slow, in seconds."""
 
