@@ -1,40 +1,45 @@
-"""DP-SGD step time against a non-private step, per Opacus ``grad_sample_mode``.
+"""DP-SGD step time against a non-private step, per Opacus ``grad_sample_mode``, and the automatic choice.
 
-Model and data: the example digits CNN (``ray_dptune.training.digits_cnn``, 8 714
-parameters) on the digits training split (1 437 images), batch size 64. Every
-private set-up is built by the trainable's own code (``loop._prepare_run``:
-``PrivacyEngine.make_private`` with our Poisson loader at q = 64/1437, flat clipping,
-a noise generator) and stepped by the trainable's own per-batch code
-(``loop._step_on_batch``); the non-private set-up is the same model with plain SGD
-and ``train_step``.
+Cases (model × batch size), each with a non-private set-up and one private set-up per mode:
 
-Two measurements, for each thread count:
+* ``digits_cnn``: the example CNN (``ray_dptune.training.digits_cnn``, 8 714 parameters), 1×8×8 inputs;
+* ``mlp_1m``: a Tanh MLP 784 → 1024 → 256 → 10 (1 068 810 parameters);
+* ``transformer``: one pre-norm transformer block on synthetic tokens (vocabulary 1 000,
+  length 32, width 64, 4 heads, feed-forward 256, mean-pooled 2-class head; 116 162
+  parameters), built from Linear / Embedding / LayerNorm so that every mode can run it;
 
-* ``compute``: forward, backward and optimizer step on the same pre-drawn Poisson
-  batches for every set-up (zero_grad included);
-* ``loop``: the same plus drawing the batch from the set-up's own loader (Opacus's
-  ``DPDataLoader`` for DP-SGD, a shuffling ``DataLoader(batch_size=64)`` otherwise),
-  i.e. one iteration of a training epoch; new epochs' iterators are made untimed.
+at batch sizes 64 and 256 (``--batch-sizes``). Data are synthetic (Gaussian inputs or uniform
+tokens, uniform labels), n = 8 × batch size examples, Poisson q = 1/8.
 
-Within a measurement the set-ups are stepped round-robin, the order rotating every
-round, so that machine noise hits them alike; after ``--warmup`` rounds, ``--steps``
-rounds are timed (``time.perf_counter``) and the median per set-up is reported with
-its ratio to the non-private median. The fastest mode of the ``loop`` measurement at
-the first thread count picks ``DEFAULT_GRAD_SAMPLE_MODE`` (Ray gives each trial
-``OMP_NUM_THREADS`` = its CPUs, 1 by default).
+Every private set-up is built by the trainable's own code (``loop._prepare_run``:
+``PrivacyEngine.make_private`` with our Poisson loader, flat clipping at C = 1, σ = 1, a
+noise generator) and stepped by the trainable's own per-batch code (``loop._step_on_batch``);
+the non-private set-up is the same model with plain SGD and ``train_step``. Each set-up
+steps the same pre-drawn Poisson batches (forward, backward, optimizer step, zero_grad).
+
+All set-ups of all cases are interleaved round by round (the order of the set-ups within a
+case rotating every round), so that load from other processes hits them alike; within a
+round each set-up takes ``reps`` consecutive steps (``reps`` per case, from the warm-up, so
+that its non-private slot lasts ≥ ~20 ms) and the mean is one sample. After ``--warmup``
+rounds, ``--rounds`` rounds are timed; the median per set-up is reported with its ratio to
+the non-private median. ``auto`` is the mode ``grad_sample_mode="auto"`` resolves to in the
+trial's own set-up (``choose_grad_sample_mode``); its time is that mode's measured time,
+compared with the fastest mode of the case.
 
 Usage::
 
-    .venv/bin/python benchmarks/dpsgd_step.py                 # ~1 minute on 2 cores
-    .venv/bin/python benchmarks/dpsgd_step.py --steps 50      # smoke run
+    .venv/bin/python benchmarks/dpsgd_step.py                      # ~4 minutes on 2 shared cores
+    .venv/bin/python benchmarks/dpsgd_step.py --rounds 3 --warmup 1  # smoke run
 
-Writes ``benchmarks/results/dpsgd_step.md`` (``--output`` to change) and prints a summary.
+Writes ``benchmarks/results/dpsgd_step.{md,json}`` (``--output`` for the .md path).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import math
 import os
 import platform
 import shlex
@@ -42,207 +47,200 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch import nn
+from torch.utils.data import TensorDataset
 
-from ray_dptune.training import (
-    DEFAULT_GRAD_SAMPLE_MODE,
-    Hyperparameters,
-    PrivacyParams,
-    TrainSpec,
-    digits_cnn,
-    digits_data,
-    train_step,
-)
+from ray_dptune.training import Hyperparameters, PrivacyParams, TrainSpec, digits_cnn, train_step
+from ray_dptune.training.grad_sample import GRAD_SAMPLE_MODES
 
 # The trainable's own set-up and per-batch step, so that the timed step is the one trials run.
 from ray_dptune.training.loop import _prepare_run, _Randomness, _step_on_batch
 
-MODES = ("hooks", "ew", "functorch", "ghost")
-BATCH_SIZE = 64
 NOISE_MULTIPLIER = 1.0
-HYPER = Hyperparameters(lr=0.1, max_grad_norm=1.0)
-RATIO_GOAL = 1.5
-WHY_NEAR_TWO = """## Why the ratio stays near 2
+HYPER = Hyperparameters(lr=0.05, max_grad_norm=1.0)
+RATIO_GOAL, MLP_GOAL, AUTO_GOAL = 1.5, 3.0, 1.05
+SLOT_SECONDS = 0.02
+NOTES = """## Notes
 
-- The digits CNN is tiny: a non-private step is ~1.3 ms, mostly per-operator overhead, so
-  fixed per-step DP costs weigh a lot.
-- Opacus's `DPOptimizer.step` (per-parameter norms, clipped sum by `einsum`, one
-  `torch.normal` per tensor, scaling) adds the optimizer-step difference of the phase table
-  below, about half a non-private step in every mode but ghost, which moves the clipping
-  into its second backward pass.
-- Materialising per-sample gradients (64 × 8 714 floats, 8 224 of them for the 256→32
-  linear layer) costs the backward difference; expanded weights do it fastest here,
-  functorch slowest.
-- A second torch thread changes the ratio little. Thread counts are measured one after the
-  other, not interleaved, so compare ratios rather than times across them; a Ray trial
-  gets `OMP_NUM_THREADS` = its CPUs (1 by default).
-- Reaching ≤ 1.5 would take fusing Opacus's clipping and noise across parameters
-  (re-implementing privacy-critical code) or a model with more computation per parameter
-  (at lower private accuracy on 8×8 digits); neither was done."""
+- `auto` is a rule, not a timing probe (`ray_dptune/training/grad_sample.py`): ghost when
+  batch × (parameters of Linear/Embedding layers) ≥ 15 M floats, those layers hold ≥ 50 % of the
+  parameters and the clipping needs no per-sample gradients (quantile / OSO never get ghost);
+  else ew when every layer supports expanded weights; else hooks. The threshold was set from
+  these measurements (the transformer flips between batch 64 and 256), so `auto / best` = 1 here
+  is a calibration, not an independent test; margins under ~10 % (transformer at 256: ghost vs
+  ew) rest on few rounds on a shared machine.
+- Materialising modes (hooks, ew, functorch) store batch × parameters floats: 64 M / 256 M for the
+  MLP, hence 50-165×. Ghost clipping never stores them for Linear/Embedding layers; it pays a
+  second backward pass, which loses on small models (digits CNN: most cost is per-operator
+  overhead) and on short-batch sequence models (its norms cost batch × length² per layer).
+- What stays above 1.5× in every mode is DP-SGD's own work: per-example norms, the clipped sum,
+  and one Gaussian draw per parameter per step (1 M draws for the MLP, independent of the batch,
+  which is why its ratio is worse at batch 64 than at 256). Every mode computes the same clipped
+  and noised step; the privacy account does not depend on the mode.
+- Opacus's fast-gradient-clipping without ghost norms (`use_ghost_clipping=False`) has no
+  `make_private` mode in Opacus 1.6 and was not measured separately.
+- CUDA rows are not measured: no GPU was lent to this task."""
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "dpsgd_step.md"
-
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TinyTransformer(nn.Module):
+    """One pre-norm transformer block (multi-head self-attention + feed-forward), mean-pooled."""
+
+    def __init__(self, vocab: int = 1000, length: int = 32, width: int = 64, heads: int = 4, classes: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(length, width)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.ff1, self.ff2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        batch, length = tokens.shape
+        # Positions indexed per example, so that per-sample gradient code sees the batch dimension.
+        positions = torch.arange(length, device=tokens.device).repeat(batch, 1)
+        x = self.tokens(tokens) + self.positions(positions)
+        q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        attention = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.out(attention.transpose(1, 2).reshape(batch, length, -1))
+        x = x + self.ff2(torch.tanh(self.ff1(self.norm2(x))))
+        return self.head(x.mean(dim=1))
+
+
+def mlp_1m(config=None) -> nn.Module:
+    return nn.Sequential(nn.Linear(784, 1024), nn.Tanh(), nn.Linear(1024, 256), nn.Tanh(), nn.Linear(256, 10))
+
+
+KINDS: dict[str, tuple[Callable[..., nn.Module], Callable[[int, torch.Generator], Batch]]] = {
+    "digits_cnn": (
+        digits_cnn,
+        lambda n, g: (torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)),
+    ),
+    "mlp_1m": (mlp_1m, lambda n, g: (torch.randn(n, 784, generator=g), torch.randint(0, 10, (n,), generator=g))),
+    "transformer": (
+        lambda config=None: TinyTransformer(),
+        lambda n, g: (torch.randint(0, 1000, (n, 32), generator=g), torch.randint(0, 2, (n,), generator=g)),
+    ),
+}
 
 
 @dataclass
 class Setup:
-    """One way of training: ``step(batch)`` takes one step; ``draw()`` draws its own next batch.
-
-    ``model``, ``optimizer`` and ``criterion`` are what ``step`` uses, for the phase timings.
-    """
-
     name: str
     step: Callable[[Batch], None]
-    loader: DataLoader
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    criterion: Callable[..., Any]
-    _batches: Iterator[Batch] | None = None
-
-    def draw(self) -> Batch:
-        """The loader's next batch; a new epoch's iterator when one ends (made outside the timing)."""
-        if self._batches is None:
-            self._batches = iter(self.loader)
-        try:
-            return next(self._batches)
-        except StopIteration:
-            self._batches = None
-            return self.draw()
+    times: list[float] = field(default_factory=list)
 
 
-def non_private_setup(train_set) -> Setup:
-    torch.manual_seed(0)
-    model = digits_cnn()
-    optimizer = torch.optim.SGD(model.parameters(), lr=HYPER.lr)
-    loader = DataLoader(train_set, batch_size=BATCH_SIZE, shuffle=True)
+@dataclass
+class Case:
+    kind: str
+    batch_size: int
+    parameters: int
+    auto: str
+    setups: list[Setup]
+    batches: list[Batch]
+    reps: int = 1
+    cursor: int = 0
 
-    def step(batch: Batch) -> None:
-        train_step(model, optimizer, torch.nn.functional.cross_entropy, *batch)
 
-    return Setup("non-private", step, loader, model, optimizer, torch.nn.functional.cross_entropy)
-
-
-def private_setup(mode: str, train_set, val_set) -> Setup:
-    spec = TrainSpec(
-        model_fn=digits_cnn,
-        data_fn=lambda config: (train_set, val_set),
-        loss_fn=torch.nn.functional.cross_entropy,
-        privacy=PrivacyParams(NOISE_MULTIPLIER, BATCH_SIZE, epochs=1),
-        grad_sample_mode=mode,
-        seed=0,
-    )
+def build_case(kind: str, batch_size: int, modes: tuple[str, ...]) -> Case:
+    model_fn, data = KINDS[kind]
+    generator = torch.Generator().manual_seed(0)
+    n = 8 * batch_size
+    dataset = TensorDataset(*data(n, generator))
     device = torch.device("cpu")
-    run = _prepare_run({}, spec, spec.privacy, HYPER, train_set, None, _Randomness(0, device), device)
 
-    def step(batch: Batch) -> None:
-        _step_on_batch(run, *batch, device)
+    def private(mode: str):
+        spec = TrainSpec(
+            model_fn=model_fn,
+            data_fn=lambda config: (dataset, dataset),
+            loss_fn=nn.functional.cross_entropy,
+            privacy=PrivacyParams(NOISE_MULTIPLIER, batch_size, epochs=1),
+            grad_sample_mode=mode,
+            seed=0,
+        )
+        return _prepare_run({}, spec, spec.privacy, HYPER, dataset, None, _Randomness(0, device), device)
 
-    return Setup(mode, step, run.loader, run.model, run.optimizer, run.criterion)
+    torch.manual_seed(0)
+    plain = model_fn()
+    optimizer = torch.optim.SGD(plain.parameters(), lr=HYPER.lr)
+    setups = [Setup("non-private", lambda b: train_step(plain, optimizer, nn.functional.cross_entropy, *b))]
+    for mode in modes:
+        run = private(mode)
+        setups.append(Setup(mode, lambda b, run=run: _step_on_batch(run, *b, device)))
+    auto = private("auto").grad_sample_mode  # what a trial with the default resolves to
+    inputs, targets = dataset.tensors
+    batches = []
+    for _ in range(8):
+        mask = torch.rand(n, generator=generator) < batch_size / n
+        batches.append((inputs[mask], targets[mask]))
+    return Case(kind, batch_size, sum(p.numel() for p in plain.parameters()), auto, setups, batches)
 
 
-def measure(setups: list[Setup], batches: list[Batch] | None, warmup: int, steps: int) -> dict[str, list[float]]:
-    """Round-robin timing; ``batches`` None means each set-up draws from its own loader."""
-    times: dict[str, list[float]] = {setup.name: [] for setup in setups}
-    for round_ in range(warmup + steps):
-        shift = round_ % len(setups)
-        for setup in setups[shift:] + setups[:shift]:
-            if batches is None:
-                start = time.perf_counter()
-                setup.step(setup.draw())
-            else:
-                batch = batches[round_ % len(batches)]
-                start = time.perf_counter()
-                setup.step(batch)
-            elapsed = time.perf_counter() - start
-            if round_ >= warmup:
-                times[setup.name].append(elapsed)
-    return times
+def play(case: Case, round_: int, record: bool) -> None:
+    """One round of a case: every set-up takes ``case.reps`` steps, in an order rotating per round."""
+    shift = round_ % len(case.setups)
+    for setup in case.setups[shift:] + case.setups[:shift]:
+        start = time.perf_counter()
+        for rep in range(case.reps):
+            setup.step(case.batches[(case.cursor + rep) % len(case.batches)])
+        if record:
+            setup.times.append((time.perf_counter() - start) / case.reps)
+    case.cursor += case.reps
 
 
-def measure_phases(setups: list[Setup], batches: list[Batch], warmup: int, steps: int) -> dict[str, dict[str, float]]:
-    """Median ms of (zero_grad + forward + loss), backward and optimizer step, round-robin as :func:`measure`."""
-    phases = ("forward", "backward", "optimizer step")
-    times: dict[str, dict[str, list[float]]] = {setup.name: {phase: [] for phase in phases} for setup in setups}
-    for round_ in range(warmup + steps):
-        shift = round_ % len(setups)
-        inputs, targets = batches[round_ % len(batches)]
-        for setup in setups[shift:] + setups[:shift]:
-            start = time.perf_counter()
-            setup.optimizer.zero_grad(set_to_none=True)
-            loss = setup.criterion(setup.model(inputs), targets)
-            forward = time.perf_counter()
-            loss.backward()
-            backward = time.perf_counter()
-            setup.optimizer.step()
-            end = time.perf_counter()
-            if round_ >= warmup:
-                for phase, elapsed in zip(phases, (forward - start, backward - forward, end - backward)):
-                    times[setup.name][phase].append(elapsed)
+def run_benchmark(
+    kinds: list[str], batch_sizes: list[int], modes: tuple[str, ...], warmup: int, rounds: int
+) -> list[dict]:
+    cases = [build_case(kind, batch_size, modes) for kind in kinds for batch_size in batch_sizes]
+    for round_ in range(warmup):
+        for case in cases:
+            play(case, round_, record=True)
+    for case in cases:  # reps from the warm-up's non-private time; then forget the warm-up
+        base = min(case.setups[0].times)
+        case.reps = max(1, math.ceil(SLOT_SECONDS / base))
+        for setup in case.setups:
+            setup.times.clear()
+    for round_ in range(rounds):
+        for case in cases:
+            play(case, round_, record=True)
+        print(f"round {round_ + 1}/{rounds} done", flush=True)
+    return [summarise(case) for case in cases]
+
+
+def summarise(case: Case) -> dict:
+    medians = {setup.name: statistics.median(setup.times) for setup in case.setups}
+    spread = {
+        setup.name: statistics.quantiles(setup.times, n=4) if len(setup.times) > 1 else [math.nan] * 3
+        for setup in case.setups
+    }
+    base = medians["non-private"]
+    modes = [name for name in medians if name != "non-private"]
+    best = min(modes, key=medians.get)
     return {
-        name: {phase: 1e3 * statistics.median(values) for phase, values in rows.items()} for name, rows in times.items()
+        "model": case.kind,
+        "parameters": case.parameters,
+        "batch_size": case.batch_size,
+        "reps": case.reps,
+        "samples": len(case.setups[0].times),
+        "median_ms": {name: 1e3 * value for name, value in medians.items()},
+        "q1_q3_ms": {name: [1e3 * spread[name][0], 1e3 * spread[name][2]] for name in medians},
+        "ratio": {name: medians[name] / base for name in modes},
+        "best": best,
+        "auto": case.auto,
+        "auto_over_best": medians[case.auto] / medians[best] if case.auto in medians else math.nan,
     }
 
 
-def poisson_batches(train_set, count: int) -> list[Batch]:
-    """``count`` Poisson batches at q = 64 / 1437, drawn once and shared by all set-ups."""
-    generator = torch.Generator().manual_seed(1)
-    inputs, targets = train_set.tensors
-    batches = []
-    for _ in range(count):
-        mask = torch.rand(len(targets), generator=generator) < BATCH_SIZE / len(targets)
-        batches.append((inputs[mask], targets[mask]))
-    return batches
-
-
-def summarise(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    base = statistics.median(times["non-private"])
-    rows = {}
-    for name, values in times.items():
-        deciles = statistics.quantiles(values, n=10)
-        median = statistics.median(values)
-        rows[name] = {
-            "median_ms": 1e3 * median,
-            "p10_ms": 1e3 * deciles[0],
-            "p90_ms": 1e3 * deciles[-1],
-            "ratio": median / base,
-        }
-    return rows
-
-
-def run_benchmark(threads: list[int], warmup: int, steps: int) -> tuple[dict[int, dict[str, dict]], dict]:
-    """The ``compute`` and ``loop`` tables per thread count, and the phases at the first thread count."""
-    train_set, val_set = digits_data()
-    results: dict[int, dict[str, dict]] = {}
-    for count in threads:
-        torch.set_num_threads(count)
-        results[count] = {}
-        for kind, batches in (("compute", poisson_batches(train_set, 50)), ("loop", None)):
-            setups = [non_private_setup(train_set)] + [private_setup(mode, train_set, val_set) for mode in MODES]
-            results[count][kind] = summarise(measure(setups, batches, warmup, steps))
-            best = min(MODES, key=lambda mode: results[count][kind][mode]["ratio"])
-            print(
-                f"threads={count} {kind:8s} "
-                + "  ".join(
-                    f"{name} {row['median_ms']:.2f} ms (x{row['ratio']:.2f})"
-                    for name, row in results[count][kind].items()
-                )
-                + f"  -> fastest: {best}",
-                flush=True,
-            )
-    torch.set_num_threads(threads[0])
-    setups = [non_private_setup(train_set)] + [private_setup(mode, train_set, val_set) for mode in MODES]
-    phases = measure_phases(setups, poisson_batches(train_set, 50), warmup, steps)
-    return results, phases
-
-
-def environment() -> dict[str, str]:
+def environment(threads: int) -> dict[str, str]:
     cpu = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
@@ -254,98 +252,98 @@ def environment() -> dict[str, str]:
         "command": shlex.join([python, *sys.argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": f"Python {platform.python_version()}, torch {torch.__version__}, opacus {metadata.version('opacus')}",
-        "machine": f"{os.cpu_count()}-core CPU ({cpu}), {platform.system()} {platform.machine()}",
+        "machine": f"{os.cpu_count()}-core CPU ({cpu}), {platform.system()} {platform.machine()}, shared with other processes",
+        "threads": str(threads),
+        "cuda": "not measured (no GPU lent to this task)",
     }
 
 
-def write_markdown(path: Path, results: dict, phases: dict, env: dict[str, str], warmup: int, steps: int) -> str:
-    """Writes the results file; returns the fastest mode (``loop``, first thread count)."""
-    first = next(iter(results))
-    loop_rows = results[first]["loop"]
-    best = min(MODES, key=lambda mode: loop_rows[mode]["ratio"])
-    verdict = "PASS" if loop_rows[best]["ratio"] <= RATIO_GOAL else "FAIL"
-    base, ours = phases["non-private"], phases[best]
-    extra = {phase: ours[phase] - base[phase] for phase in base}
+def write_results(path: Path, rows: list[dict], env: dict, warmup: int, rounds: int) -> None:
+    modes = [name for name in rows[0]["median_ms"] if name != "non-private"]
     lines = [
-        "# DP-SGD step time vs a non-private step (digits CNN, batch 64)",
+        "# DP-SGD step time vs a non-private step, per grad_sample_mode, and `auto`",
         "",
         f"- Command: `{env['command']}`",
         f"- Date (UTC): {env['date']}",
         f"- Versions: {env['versions']}",
-        f"- Machine: {env['machine']}",
-        f"- Rounds: {warmup} warm-up, {steps} timed; set-ups interleaved, order rotating each round.",
-        (
-            f"- Model: `digits_cnn()` ({sum(p.numel() for p in digits_cnn().parameters())} parameters); "
-            f"σ = {NOISE_MULTIPLIER}, clipping {HYPER.max_grad_norm}, SGD lr {HYPER.lr}, Poisson q = 64/1437."
-        ),
+        f"- Machine: {env['machine']}; torch threads: {env['threads']}",
+        f"- CUDA: {env['cuda']}.",
+        f"- Rounds: {warmup} warm-up, {rounds} timed; all set-ups of all cases interleaved round by round.",
+        f"- σ = {NOISE_MULTIPLIER}, flat clipping C = {HYPER.max_grad_norm}, SGD; synthetic data, Poisson q = 1/8.",
         "",
-        "## Summary",
+        "Ratios are DP step / non-private step (medians). `auto` is the mode the default resolves to;",
+        "`auto / best` its median over the fastest mode's.",
         "",
-        (
-            f"- Fastest mode, `loop` measurement at {first} thread(s) (a Ray trial's default): **{best}**, "
-            f"DP/non-private = {loop_rows[best]['ratio']:.2f} "
-            f"(`compute`: {results[first]['compute'][best]['ratio']:.2f})."
-        ),
-        f"- Goal DP/non-private ≤ {RATIO_GOAL} for the best mode: **{verdict}**.",
-        (
-            f"- `DEFAULT_GRAD_SAMPLE_MODE` in `ray_dptune/training/spec.py`: `{DEFAULT_GRAD_SAMPLE_MODE}` "
-            f"({'matches' if best == DEFAULT_GRAD_SAMPLE_MODE else 'DIFFERS from'} this run)."
-        ),
-        (
-            f"- Where {best}'s extra time goes ({first} thread(s), medians): forward "
-            f"+{extra['forward']:.2f} ms, backward (per-sample gradients) +{extra['backward']:.2f} ms, "
-            f"optimizer step (Opacus's clipping, noise and scaling) +{extra['optimizer step']:.2f} ms, "
-            f"against a non-private step of {sum(base.values()):.2f} ms."
-        ),
-        "",
-        (
-            "`compute`: zero_grad + forward + backward + optimizer step on shared pre-drawn batches. "
-            "`loop`: the same plus drawing the batch from the set-up's own loader (one training iteration)."
-        ),
-        "",
+        "| model | params | batch | non-private ms | " + " | ".join(modes) + " | best | auto | auto / best |",
+        "|---|--:|--:|--:|" + "--:|" * len(modes) + "---|---|--:|",
     ]
-    for count, kinds in results.items():
-        for kind, rows in kinds.items():
-            lines += [
-                f"## threads = {count}, `{kind}`",
-                "",
-                "| set-up | median ms | p10 ms | p90 ms | DP / non-private |",
-                "|---|--:|--:|--:|--:|",
-            ]
-            lines += [
-                f"| {name} | {row['median_ms']:.3f} | {row['p10_ms']:.3f} | {row['p90_ms']:.3f} | {row['ratio']:.2f} |"
-                for name, row in rows.items()
-            ]
-            lines.append("")
-    lines += WHY_NEAR_TWO.splitlines() + [""]
+    for row in rows:
+        ratios = " | ".join(f"{row['ratio'][m]:.2f}× ({row['median_ms'][m]:.1f} ms)" for m in modes)
+        lines.append(
+            f"| {row['model']} | {row['parameters']:,} | {row['batch_size']} | {row['median_ms']['non-private']:.2f} | "
+            f"{ratios} | {row['best']} | {row['auto']} | {row['auto_over_best']:.3f} |"
+        )
+    auto_ok = [row for row in rows if row["auto_over_best"] <= AUTO_GOAL]
+    ratio_ok = [row for row in rows if row["ratio"][row["auto"]] <= RATIO_GOAL]
+    mlp = [row for row in rows if row["model"] == "mlp_1m"]
     lines += [
-        f"## Phases, threads = {first} (median ms, shared batches)",
         "",
-        "| set-up | zero_grad + forward + loss | backward | optimizer step |",
-        "|---|--:|--:|--:|",
+        "## Goals",
+        "",
+        f"- `auto` within 5 % of the best mode: {len(auto_ok)}/{len(rows)} rows"
+        + (
+            ""
+            if len(auto_ok) == len(rows)
+            else " — **FAIL** on " + ", ".join(f"{r['model']}@{r['batch_size']}" for r in rows if r not in auto_ok)
+        ),
+        f"- 1M-parameter MLP ≤ {MLP_GOAL}× non-private with `auto`: "
+        + ", ".join(
+            f"batch {r['batch_size']}: {r['ratio'][r['auto']]:.2f}× ({'PASS' if r['ratio'][r['auto']] <= MLP_GOAL else 'FAIL'})"
+            for r in mlp
+        ),
+        f"- ≤ {RATIO_GOAL}× on every model with `auto`: {len(ratio_ok)}/{len(rows)} rows"
+        + (
+            ""
+            if len(ratio_ok) == len(rows)
+            else " — **FAIL** on "
+            + ", ".join(
+                f"{r['model']}@{r['batch_size']} ({r['ratio'][r['auto']]:.2f}×)" for r in rows if r not in ratio_ok
+            )
+        ),
+        "",
     ]
-    lines += [
-        f"| {name} | {row['forward']:.3f} | {row['backward']:.3f} | {row['optimizer step']:.3f} |"
-        for name, row in phases.items()
-    ]
-    lines.append("")
+    lines += NOTES.splitlines() + [""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
-    return best
+    path.with_suffix(".json").write_text(
+        json.dumps({"environment": env, "warmup": warmup, "rounds": rounds, "rows": rows}, indent=1) + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=300, help="timed rounds per measurement")
-    parser.add_argument("--warmup", type=int, default=30, help="untimed rounds first")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts, first = decisive")
+    parser.add_argument("--rounds", type=int, default=6, help="timed rounds")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (they also set reps)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (a Ray trial's default is 1)")
+    parser.add_argument("--models", nargs="+", default=list(KINDS), choices=list(KINDS))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--modes", nargs="+", default=list(GRAD_SAMPLE_MODES), choices=list(GRAD_SAMPLE_MODES))
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="Secure RNG turned off")
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    results, phases = run_benchmark(args.threads, args.warmup, args.steps)
-    best = write_markdown(args.output, results, phases, environment(), args.warmup, args.steps)
-    print(f"fastest mode: {best}; DEFAULT_GRAD_SAMPLE_MODE = {DEFAULT_GRAD_SAMPLE_MODE}; wrote {args.output}")
+    warnings.filterwarnings("ignore", message="Using a non-full backward hook")
+    torch.set_num_threads(args.threads)
+    rows = run_benchmark(args.models, args.batch_sizes, tuple(args.modes), args.warmup, args.rounds)
+    for row in rows:
+        print(
+            f"{row['model']:12s} batch {row['batch_size']:4d}: non-private {row['median_ms']['non-private']:.2f} ms  "
+            + "  ".join(f"{m} x{r:.2f}" for m, r in row["ratio"].items())
+            + f"  best {row['best']}  auto {row['auto']} ({row['auto_over_best']:.3f} of best)",
+            flush=True,
+        )
+    write_results(args.output, rows, environment(args.threads), args.warmup, args.rounds)
+    print(f"wrote {args.output} and {args.output.with_suffix('.json')}")
     return 0
 
 
