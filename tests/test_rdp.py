@@ -223,3 +223,11 @@ def test_dominates_is_conservative_across_grids():
     assert plan.dominates(RDPCurve([3.0, 5.0, 8.0], [0.1, 0.4, 0.8]))
     # no information at plan's top order: not covered
     assert not plan.dominates(RDPCurve([2.0, 4.0], [0.1, 0.2]))
+
+
+def test_dp_accounting_convergence_failures_are_not_logged_per_order(caplog):
+    """q = 1/15, σ = 1: dp_accounting cannot sum its series at ~100 fractional orders (they stay inf)."""
+    with caplog.at_level("WARNING"):
+        curve = RDPCurve.subsampled_gaussian(sample_rate=1 / 15 + 1e-9, noise_multiplier=1.0, steps=10)
+    assert not [record for record in caplog.records if "failed to converge" in record.getMessage()]
+    assert np.isinf(curve.epsilons).sum() > 50 and math.isfinite(curve.epsilon(delta=1e-5))

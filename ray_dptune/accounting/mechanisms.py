@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ import numpy as np
 from scipy import special
 
 from ray_dptune import validate
+
+logger = logging.getLogger(__name__)
 
 SUBSAMPLED_GAUSSIAN_MAX_ORDER = 1024.0
 SUBSAMPLED_GAUSSIAN_DENSE_UP_TO = 64.0
@@ -114,9 +117,25 @@ def _dp_accounting_rdp(sample_rate: float, noise_multiplier: float, orders: np.n
 
     accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders))
     event = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier))
-    with np.errstate(all="ignore"):
-        accountant.compose(event, 1)
-    return np.asarray(accountant.rdp, dtype=float)
+    absl_logger = logging.getLogger("absl")  # dp_accounting logs a line per order whose series it cannot sum
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        with np.errstate(all="ignore"):
+            accountant.compose(event, 1)
+    finally:
+        absl_logger.setLevel(level)
+    rdp = np.asarray(accountant.rdp, dtype=float)
+    if not np.all(np.isfinite(rdp)):  # those orders are inf: no bound claimed there, never an optimistic one
+        missing = int(np.sum(~np.isfinite(rdp)))
+        logger.debug(
+            "dp_accounting: no finite RDP at %d of %d orders (q=%g, σ=%g).",
+            missing,
+            rdp.size,
+            sample_rate,
+            noise_multiplier,
+        )
+    return rdp
 
 
 def _composed(epsilons: np.ndarray, steps: int) -> np.ndarray:
