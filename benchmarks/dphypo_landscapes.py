@@ -135,7 +135,7 @@ def _train_row(task: tuple[int, int, float, int, int, int]) -> tuple[int, int, n
                 model_fn=digits_cnn,
                 data_fn=lambda config: _DATA,
                 loss_fn=F.cross_entropy,
-                privacy=PrivacyParams(float(sigma), batch_size, epochs),
+                privacy=PrivacyParams(noise_multiplier=float(sigma), batch_size=batch_size, epochs=epochs),
                 seed=int(np.random.SeedSequence([sigma_index, lr_index, clip_index, seed]).generate_state(1)[0]),
             )
             scores: list[float] = []

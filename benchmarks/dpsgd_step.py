@@ -163,7 +163,7 @@ def build_case(kind: str, batch_size: int, modes: tuple[str, ...]) -> Case:
             model_fn=model_fn,
             data_fn=lambda config: (dataset, dataset),
             loss_fn=nn.functional.cross_entropy,
-            privacy=PrivacyParams(NOISE_MULTIPLIER, batch_size, epochs=1),
+            privacy=PrivacyParams(noise_multiplier=NOISE_MULTIPLIER, batch_size=batch_size, epochs=1),
             grad_sample_mode=mode,
             seed=0,
         )

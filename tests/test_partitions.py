@@ -112,7 +112,7 @@ def test_invalid_partitions_raise(tmp_path, digits, value):
 def test_private_part_plans_at_its_own_size(tmp_path, digits):
     size = int(part_sizes(digits[0], 3)[1])
     spent, reports = run(tmp_path, digits, {"index": 1, "count": 3})
-    expected = trial_plan(PrivacyParams(1.0, 64, 1), size)
+    expected = trial_plan(PrivacyParams(noise_multiplier=1.0, batch_size=64, epochs=1), size)
     assert expected.sample_rate == 64 / size and expected.steps == size // 64
     assert TrialSpend.from_dict(reports.metrics[0]["dp_plan"]) == expected and spent == expected
     trainable = dp_trainable(digits_cnn, digits_data, noise_multiplier=1.0, batch_size=64, epochs=1)
@@ -124,7 +124,7 @@ def test_space_plan_covers_every_part(digits):
     trainable = dp_trainable(digits_cnn, digits_data, noise_multiplier=1.0, batch_size=64, epochs=2)
     choices = [{"index": index, "count": count} for index in range(count)]
     plan = trainable.privacy_plan({**HYPER, "dp_partition": tune.choice(choices)})
-    part_plans = {trial_plan(PrivacyParams(1.0, 64, 2), int(size)) for size in part_sizes(digits[0], count)}
+    part_plans = {trial_plan(PrivacyParams(noise_multiplier=1.0, batch_size=64, epochs=2), int(size)) for size in part_sizes(digits[0], count)}
     assert plan in part_plans and len(part_plans) == count  # the parts differ in size, so in q
     plan_curve = plan.curve()
     assert all(plan_curve.dominates(other.curve()) for other in part_plans - {plan})

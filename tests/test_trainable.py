@@ -278,7 +278,7 @@ def test_config_overrides_the_privacy_parameters(tmp_path, data_fn):
     config = {**HYPER, "noise_multiplier": 3.0, "batch_size": 128, "epochs": 1}
     _, reports = run(tmp_path, data_fn, config=config)
     assert len(reports.metrics) == 1
-    expected = trial_plan(PrivacyParams(3.0, 128, 1), N_TRAIN)
+    expected = trial_plan(PrivacyParams(noise_multiplier=3.0, batch_size=128, epochs=1), N_TRAIN)
     assert TrialSpend.from_dict(reports.metrics[0]["dp_plan"]) == expected
 
 

@@ -254,7 +254,7 @@ def gaussian_noise(
     §5.1, n = 2), as Opacus's ``secure_mode``: the sum of 4 draws halved, after one
     discarded draw, so the low bits of a sample do not reveal the unnoised value.
     """
-    shape = dict(size=reference.shape, device=reference.device, generator=generator)
+    shape = {"size": reference.shape, "device": reference.device, "generator": generator}
     if std == 0:
         return torch.zeros_like(reference)
     if not secure:

@@ -48,7 +48,7 @@ NO_DOMINANT_PLAN = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrivacyParams:
     """The parameters of one trial that its privacy cost depends on.
 

@@ -100,8 +100,10 @@ def dp_trainable(
         score_noise_multiplier: None when the validation data is public; else the σ of
             the Gaussian noise added to each reported correct-count (sensitivity 1),
             accounted in the plan as one release per epoch.
-        grad_sample_mode: Opacus's "hooks", "ew", "functorch" or "ghost"; None for
-            :data:`~ray_dptune.training.spec.DEFAULT_GRAD_SAMPLE_MODE` (the fastest measured).
+        grad_sample_mode: None (the default, "auto") picks Opacus's mode per trial from the model,
+            batch size and clipping (:func:`~ray_dptune.training.grad_sample.choose_grad_sample_mode`:
+            ghost for large Linear/Embedding models, else "ew", else "hooks"; never ghost for
+            quantile/OSO clipping); or force "hooks", "ew", "functorch" or "ghost".
         optimizer: "sgd" or "adam".
         seed: seeds initialisation, sampling and noise (tests, debugging); None draws
             fresh entropy. Whoever knows the seed can predict the noise.
@@ -112,7 +114,12 @@ def dp_trainable(
     Raises:
         ValueError: invalid settings (checked here, before any trial starts).
     """
-    privacy = PrivacyParams(noise_multiplier, batch_size, epochs, score_noise_multiplier)
+    privacy = PrivacyParams(
+        noise_multiplier=noise_multiplier,
+        batch_size=batch_size,
+        epochs=epochs,
+        score_noise_multiplier=score_noise_multiplier,
+    )
     spec = TrainSpec(
         model_fn=model_fn,
         data_fn=data_fn,
