@@ -60,7 +60,7 @@ def best_of_t_laws(policies: np.ndarray, mech: np.ndarray, law: RunCountDistribu
         (B, m) probability of each released output (the mass of T beyond the cut,
         < 1e-16, is left out).
     """
-    n_arms, m = mech.shape
+    m = mech.shape[1]
     states = 1 + m * m
     out = policies @ mech  # (B, S, m): law of the next output in each state
     target = np.array([[1 + max(b, y) * m + y for y in range(m)] for b in [-1] + [b for b in range(m) for _ in range(m)]])
@@ -249,4 +249,4 @@ def test_lemma_a4_curve_and_arguments():
     with pytest.raises(ValueError, match="density_ratio"):
         dphypo_lemma_bound(ZCDP, Geometric(0.1), density_ratio=0.5)
     with pytest.raises(TypeError):
-        dphypo_lemma_bound(ZCDP, Geometric(0.1), 2.0)  # noqa: the privacy argument is keyword-only
+        dphypo_lemma_bound(ZCDP, Geometric(0.1), 2.0)  # the privacy argument is keyword-only

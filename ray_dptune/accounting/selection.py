@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ray_dptune import validate
+from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound
 from ray_dptune.accounting.generic import add_no_run_atom, generic_repeat_and_select
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.distributions import PointMass, Poisson, RunCountDistribution, TruncatedNegativeBinomial
@@ -156,6 +157,8 @@ def repeat_and_select(
         bound = distribution.k * base
     elif isinstance(distribution, TruncatedNegativeBinomial):
         bound = truncated_negative_binomial_bound(base, distribution, density_ratio=density_ratio)
+        if adaptive and generic:  # DP-HyPO Lemma A.5, certified numeric maximum: also valid, keep the minimum
+            bound = bound.minimum(dphypo_lemma_bound(base, distribution, density_ratio=density_ratio))
     elif adaptive:
         raise UnsupportedBoundError(
             f"No proven RDP bound covers adaptive sampling (C/c = {density_ratio}) with K ~ "
