@@ -42,7 +42,7 @@ def theorem_2(eps, eps_hat, lam, lam_hat, law, log_ratio=0.0):
 @pytest.mark.parametrize("mean", [2.0, 10.0, 1000.0])
 def test_tnb_bound_is_at_most_theorem_2_at_every_pair_of_grid_orders(eta, mean):
     law = TruncatedNegativeBinomial.from_mean(eta, mean)
-    ours = repeat_and_select(BASE, law)
+    ours = repeat_and_select(BASE, law, generic=False)  # the closed form itself (the default may be lower still)
     lam = BASE.orders
     stated = np.array(
         [
@@ -241,7 +241,10 @@ def test_generic_lemma_tightens_the_closed_forms(law):
     closed = repeat_and_select(BASE, law, generic=False)
     both = repeat_and_select(BASE, law, generic=True)
     assert np.all(both.epsilons <= closed.epsilons)
-    assert both.epsilon(delta=1e-6) < closed.epsilon(delta=1e-6)
+    if isinstance(law, Poisson):  # Theorem 6 already has the Gaussian base's exact profile: Lemma 7 cannot beat it
+        assert both.epsilon(delta=1e-6) == pytest.approx(closed.epsilon(delta=1e-6), rel=1e-9)
+    else:
+        assert both.epsilon(delta=1e-6) < closed.epsilon(delta=1e-6)
 
 
 @pytest.mark.slow
