@@ -128,7 +128,7 @@ def test_density_adapts_to_the_good_region():
     rng = np.random.default_rng(0)
     x = rng.random((20, 2))
     y = np.exp(-((x - 0.8) ** 2).sum(axis=1) / 0.02)
-    sampler = BoundedDensitySampler(cells.prior, upper=C, lower=c, rng=0)  # default β = 1, τ = 0.1
+    sampler = BoundedDensitySampler(cells.prior, upper=C, lower=c, beta=1.0, rng=0)  # τ = 0.1
     q = sampler.probabilities(cells.features, x, y)
     distance = np.linalg.norm(cells.features - 0.8, axis=1)
     near, far = distance < 0.1, distance > 0.5

@@ -4,7 +4,7 @@
 >>> from ray_dptune.distributions import Poisson
 >>> base = RDPCurve.gaussian(noise_multiplier=5 ** 0.5)              # 0.1-zCDP
 >>> search = repeat_and_select(base, Poisson(mean=10))
->>> search.epsilon(1e-6) < (10 * base).epsilon(1e-6)
+>>> search.epsilon(delta=1e-6) < (10 * base).epsilon(delta=1e-6)
 True
 """
 

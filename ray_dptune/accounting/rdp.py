@@ -50,7 +50,7 @@ class RDPCurve:
 
     Example:
         >>> curve = RDPCurve.gaussian(noise_multiplier=5 ** 0.5)   # 0.1-zCDP
-        >>> round((10 * curve).epsilon(1e-6), 2)
+        >>> round((10 * curve).epsilon(delta=1e-6), 2)
         7.77
     """
 

@@ -21,11 +21,21 @@ from ray_dptune.errors import PrivacyError
 from ray_dptune.search.gp import single_thread
 from ray_dptune.search.projection import project_to_bounded_density
 
-__all__ = ["DEFAULT_BETA", "DEFAULT_TAU", "BoundedDensitySampler", "check_bounds", "check_non_negative"]
+__all__ = [
+    "DEFAULT_BETA",
+    "DEFAULT_LOWER",
+    "DEFAULT_TAU",
+    "DEFAULT_UPPER",
+    "BoundedDensitySampler",
+    "check_bounds",
+    "check_non_negative",
+]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BETA = 1.0  # softmax inverse temperature on standardised UCB scores
+DEFAULT_UPPER = 1.5  # C: at equal total ε, C/c = 2 ties uniform on digits and C = 3 loses (dphypo_frontier.md)
+DEFAULT_LOWER = 0.75  # c
+DEFAULT_BETA = 3.0  # softmax inverse temperature on standardised UCB scores (benchmarks/results/dphypo_frontier.md)
 DEFAULT_TAU = 0.1  # UCB exploration weight (DP-HyPO App. E)
 MARGIN = 1e-9  # relative tightening of [c, C] so that rounding cannot leave the bounds
 MIN_CELL_PRIOR = 2.0**-53 / MARGIN  # below this a 53-bit uniform cannot resolve the margin
@@ -60,8 +70,8 @@ class BoundedDensitySampler:
         self,
         prior_probs: np.ndarray,
         *,
-        upper: float = 2.0,
-        lower: float = 0.75,
+        upper: float = DEFAULT_UPPER,
+        lower: float = DEFAULT_LOWER,
         beta: float = DEFAULT_BETA,
         tau: float = DEFAULT_TAU,
         rng: np.random.Generator | int | None = None,

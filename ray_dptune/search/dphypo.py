@@ -21,11 +21,11 @@ The accountant callback reads ``density_ratio = C/c`` and composes
 
 Defaults. The paper's β = 1 on raw accuracies (App. E) leaves the softmax nearly
 uniform. Here UCB scores are standardised under the prior first, so β means the
-same on every metric's scale; β = 1 (``DEFAULT_BETA``) puts the best cells at C
-and the worst at c once the GP separates them. A larger β adapts *less*: the ℓ2
-projection of a very peaked softmax gives C to a few top cells and leaves the
-rest near the prior (benchmarks/results/dphypo_latency.md, "β sweep").
-τ = 0.1 is the paper's.
+same on every metric's scale. C = 1.5, c = 0.75, β = 3 (``DEFAULT_UPPER``,
+``DEFAULT_LOWER``, ``DEFAULT_BETA``) come from the frontier at equal total ε
+(benchmarks/results/dphypo_frontier.md): they tie uniform search on digits and do
+not lose anywhere measured, where C = 3 loses. A larger β gives C to fewer top cells
+and leaves the rest near the prior (dphypo_latency.md, "β sweep"). τ = 0.1 is the paper's.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ from ray_dptune.search.base import RunCountSearcher
 from ray_dptune.search.candidates import SearchCells, build_cells
 from ray_dptune.search.density import (
     DEFAULT_BETA,
+    DEFAULT_LOWER,
     DEFAULT_TAU,
+    DEFAULT_UPPER,
     BoundedDensitySampler,
     check_bounds,
     check_non_negative,
@@ -79,7 +81,7 @@ class DPHyPOSearcher(RunCountSearcher):
             or a :class:`PointMass` (composition); others raise UnsupportedBoundError.
         metric, mode: the score and 'max'/'min' (or from ``tune.TuneConfig``).
         space: the Tune search space (or ``param_space`` of the Tuner).
-        upper: C ≥ 1. lower: c in (0, 1]. The paper uses C = 2, c = 0.75.
+        upper: C ≥ 1 (default 1.5). lower: c in (0, 1] (default 0.75). The paper uses C = 2, c = 0.75.
         beta: softmax inverse temperature on standardised UCB scores.
         tau: UCB exploration weight.
         candidates: the most cells in total. None: a grid of 50 per numeric axis
@@ -113,8 +115,8 @@ class DPHyPOSearcher(RunCountSearcher):
         mode: str | None = None,
         space: dict[str, Any] | None = None,
         *,
-        upper: float = 2.0,
-        lower: float = 0.75,
+        upper: float = DEFAULT_UPPER,
+        lower: float = DEFAULT_LOWER,
         beta: float = DEFAULT_BETA,
         tau: float = DEFAULT_TAU,
         candidates: int | None = None,
