@@ -191,6 +191,7 @@ def test_no_bound_below_the_exact_adaptive_truth(case):
             )
 
 
+@pytest.mark.slow
 def test_the_audit_has_teeth():
     """The truth exceeds the base curve (a bound without the selection term is caught), and the
     ascent finds adaptive samplers that beat every fixed sampler on the same mechanisms."""
@@ -228,6 +229,7 @@ def test_below_the_closed_form(base, law, delta, expected_at_most):
     assert np.all(known.epsilons <= new.epsilons + 1e-12)
 
 
+@pytest.mark.slow
 def test_limits_and_monotonicity():
     law = Geometric.from_mean(10.0)
     plain = dphypo_lemma_bound(ZCDP, law, density_ratio=1.0)

@@ -120,6 +120,7 @@ def test_curves_on_other_grids_sum_conservatively(tmp_path):
         assert np.all(total.epsilons >= part.at(total.orders))  # each part read at the next order up
 
 
+@pytest.mark.slow
 def test_many_searches_sum_like_sequential_composition(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.db")
     guarantees = [random_count(plan=RDPCurve.zcdp(rho=0.01 * (1 + index)), failed=index % 3) for index in range(40)]
