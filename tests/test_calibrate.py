@@ -7,7 +7,8 @@ from ray_dptune import PointMass, Poisson, PrivacyError, TrialSpend, TruncatedNe
 from ray_dptune.accounting import RDPCurve
 from ray_dptune.accounting.account import Mechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
-from ray_dptune.accounting.spend import curve_from_report
+from ray_dptune.accounting.mechanisms import subsampled_gaussian_profile
+from ray_dptune.accounting.spend import curve_from_report, report_covers
 
 
 def test_spend_curve_composes_training_and_noisy_scores():
@@ -108,3 +109,26 @@ def test_unreachable_target_or_bad_input_raises_before_any_search():
         calibrate_noise_multiplier(dpsgd(0.01, 100), epsilon=1.0, delta=1e-5)
     with pytest.raises(TypeError, match="plan_for"):
         calibrate_noise_multiplier(2.0, epsilon=1.0, delta=1e-5, law=Poisson(8.0))
+
+
+def test_a_dpsgd_plan_covers_only_what_its_exact_tradeoff_provably_bounds():
+    """The bounds use the plan's exact profile; RDP domination alone does not imply it."""
+    plan = TrialSpend(sample_rate=0.01, noise_multiplier=1.0, steps=100)
+    assert plan.covers(TrialSpend(sample_rate=0.005, noise_multiplier=1.5, steps=60))  # a post-processing
+    larger_rate = TrialSpend(sample_rate=0.02, noise_multiplier=2.0, steps=100)
+    assert plan.curve().dominates(larger_rate.curve()) and not plan.covers(larger_rate)
+    # A pure-DP trial (randomized response) whose RDP the plan dominates, yet whose δ(0) is larger.
+    orders = plan.curve().orders
+    pure = max(
+        e for e in np.linspace(1e-3, 1.0, 1000) if plan.curve().dominates(RDPCurve.pure(epsilon=e, orders=orders))
+    )
+    response = RDPCurve.pure(epsilon=pure, orders=orders)
+    plan_delta_at_zero = float(
+        subsampled_gaussian_profile(sample_rate=0.01, noise_multiplier=1.0, steps=100)(np.array([0.0]))[0]
+    )
+    assert np.tanh(pure / 2) > plan_delta_at_zero  # randomized response's exact δ(0) = (e^ε − 1)/(e^ε + 1)
+    assert not report_covers(plan.to_dict(), response.to_dict())
+    with_scores = TrialSpend(
+        sample_rate=0.01, noise_multiplier=1.0, steps=100, score_noise_multiplier=5.0, score_releases=2
+    )
+    assert report_covers(with_scores.to_dict(), response.to_dict())  # that plan is bounded by its RDP alone

@@ -61,11 +61,22 @@ class TrialSpend:
         return curve
 
     def covers(self, other: TrialSpend) -> bool:
-        """True when ``other`` can spend no more than this record, order by order.
+        """True when ``other`` is provably no more private-costly than this record.
 
-        Fast path for records with the same noise and sample rate (more steps or
-        releases always cost more); otherwise the curves are compared.
+        Without score releases the bounds use this record's exact trade-off (its
+        mechanism, :attr:`RDPCurve.mechanism`), which RDP domination does not imply; so
+        ``other`` must then be a post-processing of it: no score releases, σ' ≥ σ (extra
+        noise), q' ≤ q (Poisson subsampling's profile is monotone in q: Balle, Barthe &
+        Gaboardi 2018, by joint convexity) and at most as many steps. With score releases
+        the bounds use the RDP curve alone, and the curves are compared order by order.
         """
+        if self.curve().mechanism is not None:
+            return (
+                other.score_releases == 0
+                and other.noise_multiplier >= self.noise_multiplier
+                and other.sample_rate <= self.sample_rate
+                and other.steps <= self.steps
+            )
         same_mechanism = (
             other.sample_rate == self.sample_rate
             and other.noise_multiplier == self.noise_multiplier
@@ -118,7 +129,10 @@ def parse_report(record: Any) -> TrialSpend | RDPCurve:
 
 
 def report_covers(plan: Any, spent: Any) -> bool:
-    """True when the ``spent`` report costs no more than the ``plan`` report at any order.
+    """True when the ``spent`` report provably costs no more than the ``plan`` report.
+
+    A DP-SGD plan without score releases is bounded through its exact trade-off, so only
+    a :class:`TrialSpend` it covers qualifies; otherwise the RDP curves are compared order by order.
 
     Raises:
         ValueError: either record is malformed.
@@ -126,7 +140,10 @@ def report_covers(plan: Any, spent: Any) -> bool:
     plan, spent = parse_report(plan), parse_report(spent)
     if isinstance(plan, TrialSpend) and isinstance(spent, TrialSpend):
         return plan.covers(spent)
-    return _as_curve(plan).dominates(_as_curve(spent))
+    plan_curve = _as_curve(plan)
+    if plan_curve.mechanism is not None:  # bounded by the plan's exact trade-off: a bare curve cannot prove it
+        return False
+    return plan_curve.dominates(_as_curve(spent))
 
 
 def _as_curve(record: TrialSpend | RDPCurve) -> RDPCurve:

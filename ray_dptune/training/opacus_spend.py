@@ -11,8 +11,9 @@ What the account trusts and what it checks:
 * **Read, not typed**: the steps, noise multipliers and sample rates come from the
   engine's own accountant history (Opacus appends one ``(σ, q, steps)`` entry per
   ``optimizer.step()`` that was not skipped, gradient accumulation included), never from
-  numbers counted by hand. Every entry is composed, so a σ or q that changed mid-run is
-  charged as it ran.
+  numbers counted by hand. A σ raised or a q lowered mid-run is reported as that many plan
+  steps (each is a post-processing of one); any other change as the composition of what
+  ran, which the accountant callback refuses for a DP-SGD plan (no proof it is covered).
 * **Refused**: non-Poisson batches (``make_private(poisson_sampling=False)``: Opacus then
   records q = 1/len(loader), but no documented amplification bound covers shuffled
   batches), an accountant without a history, and adaptive clipping
@@ -98,9 +99,14 @@ class OpacusSpend:
         history = [(float(sigma), float(rate), int(count)) for sigma, rate, count in self._accountant.history]
         if not history:
             return TrialSpend(sample_rate=self._plan.sample_rate, noise_multiplier=self._plan.noise_multiplier, steps=0)
+        steps = sum(count for *_, count in history)
         if len({(sigma, rate) for sigma, rate, _ in history}) == 1:
             sigma, rate, _ = history[0]
-            return TrialSpend(sample_rate=rate, noise_multiplier=sigma, steps=sum(count for *_, count in history))
+            return TrialSpend(sample_rate=rate, noise_multiplier=sigma, steps=steps)
+        plan = self._plan
+        if all(sigma >= plan.noise_multiplier and rate <= plan.sample_rate for sigma, rate, _ in history):
+            # each step is a post-processing of a plan step (more noise, a smaller Poisson rate)
+            return TrialSpend(sample_rate=plan.sample_rate, noise_multiplier=plan.noise_multiplier, steps=steps)
         return sum(
             (
                 RDPCurve.subsampled_gaussian(sample_rate=rate, noise_multiplier=sigma, steps=count)
