@@ -9,13 +9,15 @@ from typing import Any
 
 from ray.tune import Callback
 
-from ray_dptune.accounting.account import Guarantee, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.spend import TrialSpend, parse_report, report_covers
 from ray_dptune.errors import PrivacyError
 from ray_dptune.journal import JOURNAL_FILE, SearchJournal
 from ray_dptune.ledger import PrivacyLedger
 from ray_dptune.report import REPORT_FILE, PrivacyReport, searcher_report, write_report
+from ray_dptune.schedulers import check_scheduler, running_scheduler
 from ray_dptune.search.base import PrivateSearcher, refuse_truncation
 
 __all__ = ["PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
@@ -107,6 +109,7 @@ class PrivacyAccountantCallback(Callback):
         self._trial_plans: dict[str, dict] = {}
         self._last_logged: tuple | None = None
         searcher.attach_recorder(self._record)
+        searcher.attach_account(lambda: self._account)  # replaced by the journal's on a restore
         self._check_target()  # the plan is known: bound the search before Tune starts
 
     # ------------------------------------------------------------------ the guarantee
@@ -126,6 +129,7 @@ class PrivacyAccountantCallback(Callback):
     def setup(self, **info: Any) -> None:
         if self._searcher.restore_refusal is not None:
             raise self._searcher.restore_refusal
+        check_scheduler(running_scheduler(), self._searcher)  # before any trial, on tune.run too
         if not self._restored:  # a restored experiment's spec no longer carries the user's num_samples
             refuse_truncation(info.get("num_samples"), self._searcher.num_trials)
         if self._journal_path is not None and (self._restored or os.path.exists(self._journal_path)):
@@ -166,13 +170,18 @@ class PrivacyAccountantCallback(Callback):
                 f"Trial {trial.trial_id} reported spending {spent}, above its plan {trial_plan}: "
                 "the guarantee no longer holds."
             )
+        if not self._account.within_charge(trial.trial_id, spent):
+            raise PrivacyError(
+                f"Trial {trial.trial_id} reported spending {spent}, beyond the {self._account.units_of(trial.trial_id)} "
+                "time units charged to it: the scheduler had not paid for them."
+            )
         self._trial_plans[trial.trial_id] = trial_plan
         self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent})
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record({"type": "completed", "trial_id": trial.trial_id})
-        if not self._account.is_accounted(trial.trial_id):
-            return
+        if not self._account.is_accounted(trial.trial_id) or self._account.mechanism.kind == "halving":
+            return  # a halving search's scheduler stops trials, each charged for what it may have run
         own_plan = self._trial_plans.get(trial.trial_id)
         spent = self._account.attempts_of(trial.trial_id)[-1]["spent"]
         if own_plan is not None and spent is not None and report_covers(spent, own_plan):
@@ -235,6 +244,7 @@ class PrivacyAccountantCallback(Callback):
     # ------------------------------------------------------------------ the journal
     def _record(self, event: dict[str, Any]) -> None:
         """Write-ahead: the event reaches the journal (synced when it adds cost) before the account."""
+        self._account.admit(event)  # a charge past a halving search's budget is refused before it is written
         if self._journal is not None:
             self._journal.append([event])
         else:

@@ -79,9 +79,7 @@ class SearchJournal:
                     "(tune.RunConfig(name=...)), or continue the old one with tune.Tuner.restore(path, trainable)."
                 )
             if row is None:
-                db.execute(
-                    "INSERT INTO search VALUES (1, ?, ?, ?)", (search_id, time.time(), json.dumps(dict(record)))
-                )
+                db.execute("INSERT INTO search VALUES (1, ?, ?, ?)", (search_id, time.time(), json.dumps(dict(record))))
             self._insert(db, events)
 
     def append(self, events: Iterable[Mapping[str, Any]]) -> None:

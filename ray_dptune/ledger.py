@@ -3,7 +3,7 @@
 Re-running a private search until the results look good is itself a mechanism on the
 data, so the searches on one dataset compose: their RDP curves add (Mironov 2017,
 Prop. 1) and their approximate-DP releases add in ε and δ (basic composition, Dwork &
-Roth 2014, Thm 3.16); :func:`~ray_dptune.accounting.account.compose_with_releases`
+Roth 2014, Thm 3.16); :func:`~ray_dptune.accounting.guarantee.compose_with_releases`
 joins the two parts at a δ.
 
 The ledger computes no guarantee of its own. Each search's driver upserts the
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ray_dptune.accounting.account import Guarantee, compose_with_releases
+from ray_dptune.accounting.guarantee import Guarantee, compose_with_releases
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 from ray_dptune.store import SQLiteStore, StoreError
@@ -105,9 +105,7 @@ class PrivacyLedger:
         return {**self.__dict__, "_totals": {}, "_seen_version": None}  # versions are per connection
 
     # ------------------------------------------------------------------ writing
-    def record_search(
-        self, search_id: str, *, dataset: str, guarantee: Guarantee, summary: Mapping[str, Any]
-    ) -> None:
+    def record_search(self, search_id: str, *, dataset: str, guarantee: Guarantee, summary: Mapping[str, Any]) -> None:
         """Upserts one search's composed guarantee, durably (``synchronous=FULL``).
 
         A later record of the same search replaces the earlier one: the account's
@@ -190,9 +188,7 @@ class PrivacyLedger:
             curve = _add(curve, extra.curve)
             release_epsilon += extra.release_epsilon
             release_delta += extra.release_delta
-        return compose_with_releases(
-            curve, release_epsilon=release_epsilon, release_delta=release_delta, delta=delta
-        )
+        return compose_with_releases(curve, release_epsilon=release_epsilon, release_delta=release_delta, delta=delta)
 
     def searches(
         self, dataset: str | None = None, *, delta: float | None = None, curves: bool = False

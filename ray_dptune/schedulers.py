@@ -1,4 +1,4 @@
-"""Scheduling under a DP searcher: FIFO only, with a per-trial spend guard."""
+"""Scheduling under a DP searcher: FIFO with a per-trial spend guard, or private successive halving."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ _EARLY_STOPPING = (
     "the privacy guarantee assumes every trial is one independent run of the base algorithm that "
     "spends its whole plan (Papernot & Steinke 2022, Sec. 3); metric-driven early stopping makes "
     "which trials run, and for how long, depend on the data of other trials, and no proven bound "
-    "covers it. Use ray_dptune.PrivacyGuardScheduler (FIFO) instead."
+    "covers it. Use ray_dptune.PrivacyGuardScheduler (FIFO) instead, or, for private early stopping, "
+    "ray_dptune.PrivateASHAScheduler with its own searcher (search_alg=scheduler.searcher)."
 )
 
 
@@ -66,11 +67,47 @@ def _nested(result: dict, key: str) -> Any:
     return fields or None
 
 
-def check_scheduler(scheduler: Any) -> None:
-    """Raises PrivacyError for any scheduler but FIFO (and its guard) under a DP searcher."""
-    if scheduler is None or type(scheduler) in (FIFOScheduler, PrivacyGuardScheduler):
+def check_scheduler(scheduler: Any, searcher: Any = None) -> None:
+    """Raises PrivacyError unless ``scheduler`` may run with the DP ``searcher``.
+
+    A :class:`~ray_dptune.PrivateASHAScheduler` runs only with its own searcher, and its
+    searcher only with it; any other searcher takes FIFO (or its guard) alone.
+    """
+    from ray_dptune.private_asha import PrivateASHAScheduler
+
+    own = getattr(searcher, "scheduler", None)
+    if isinstance(own, PrivateASHAScheduler) and scheduler is not own:
+        raise PrivacyError(
+            f"This searcher is a PrivateASHAScheduler's; Tune runs it with {type(scheduler).__name__}, which would "
+            "run its trials without charging their segments. Pass that PrivateASHAScheduler as scheduler=."
+        )
+    if isinstance(scheduler, PrivateASHAScheduler) and searcher is not None and searcher is not scheduler.searcher:
+        raise PrivacyError(
+            "A PrivateASHAScheduler draws its trials with its own searcher, which charges their first segments: "
+            "pass search_alg=scheduler.searcher."
+        )
+    if scheduler is None or type(scheduler) in (FIFOScheduler, PrivacyGuardScheduler, PrivateASHAScheduler):
         return
     raise PrivacyError(_EARLY_STOPPING.format(name=type(scheduler).__name__))
+
+
+def running_scheduler() -> Any:
+    """The scheduler of the Tune run that is calling us (``tune.run`` and ``Tuner.fit`` alike), or None.
+
+    Tune hands callbacks no reference to its scheduler, so the accountant finds the
+    ``TuneController`` that calls its ``setup`` on the stack (its public ``scheduler_alg``).
+    """
+    import inspect
+
+    from ray.tune.execution.tune_controller import TuneController
+
+    frame = inspect.currentframe()
+    while frame is not None:
+        caller = frame.f_locals.get("self")
+        if isinstance(caller, TuneController):
+            return caller.scheduler_alg
+        frame = frame.f_back
+    return None
 
 
 def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> tune.TuneConfig:
@@ -78,12 +115,13 @@ def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> 
 
     Args:
         searcher: the DP searcher (its metric and mode are used when not given).
-        scheduler: None (a :class:`PrivacyGuardScheduler`) or a FIFO scheduler;
-            adaptive ones raise PrivacyError.
+        scheduler: None (the searcher's :class:`~ray_dptune.PrivateASHAScheduler`, else a
+            :class:`PrivacyGuardScheduler`) or a FIFO scheduler; other adaptive ones raise PrivacyError.
         **kwargs: any other TuneConfig argument (``max_concurrent_trials``, ...);
             ``num_samples`` other than -1 raises PrivacyError.
     """
-    check_scheduler(scheduler)
+    scheduler = scheduler or getattr(searcher, "scheduler", None)  # a PrivateASHAScheduler's searcher brings it
+    check_scheduler(scheduler, searcher)
     num_samples = kwargs.pop("num_samples", -1)
     if num_samples != -1:
         raise PrivacyError(

@@ -37,7 +37,16 @@ class SQLiteStore:
         timeout: seconds to wait for another writer.
     """
 
-    def __init__(self, path: str | os.PathLike, *, kind: str, version: int, schema: str, tables: tuple[str, ...], timeout: float = 30.0):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        kind: str,
+        version: int,
+        schema: str,
+        tables: tuple[str, ...],
+        timeout: float = 30.0,
+    ):
         self.path = os.fspath(path)
         self.kind = kind
         self._version = version

@@ -118,7 +118,10 @@ def test_default_cap_covers_every_noiseless_run(u0, g):
 
 
 def test_default_cap_numbers_for_documented_settings():
-    assert [worst_case_noiseless_rounds(SVTParams(partitions=1, epsilon=1.0, granularity=g)) for g in (0.1, 0.05, 0.01, 0.001)] == [11, 13, 23, 35]
+    assert [
+        worst_case_noiseless_rounds(SVTParams(partitions=1, epsilon=1.0, granularity=g))
+        for g in (0.1, 0.05, 0.01, 0.001)
+    ] == [11, 13, 23, 35]
     assert default_max_rounds(SVTParams(partitions=5, epsilon=0.2, granularity=0.01)) == 46
 
 
@@ -269,7 +272,9 @@ def test_accounting_uses_t_max_not_the_rounds_used():
     details = searcher.privacy_details()
     assert details["rounds_used"] < details["max_rounds"]
     plan = RDPCurve.zero()
-    assert searcher.privacy_mechanism().selection_curve(plan) == svt_curve(epsilon=SETTINGS["epsilon_round"], rounds=searcher.max_rounds)
+    assert searcher.privacy_mechanism().selection_curve(plan) == svt_curve(
+        epsilon=SETTINGS["epsilon_round"], rounds=searcher.max_rounds
+    )
 
 
 # ---------------------------------------------------------------------- the searcher, without Ray
@@ -378,7 +383,9 @@ def test_details_are_json_and_hold_no_utilities():
     text = json.dumps(searcher.privacy_details())
     assert "0.123456" not in text
     details = json.loads(text)
-    assert details["max_rounds"] == default_max_rounds(SVTParams(partitions=3, epsilon=1e6, granularity=SETTINGS["granularity"]))
+    assert details["max_rounds"] == default_max_rounds(
+        SVTParams(partitions=3, epsilon=1e6, granularity=SETTINGS["granularity"])
+    )
     assert details["max_rounds_source"].startswith("default: 2 ×")
     assert details["partition_trials"] == 18 and details["num_candidates"] == 6
     assert details["seed"] == 0
@@ -518,16 +525,16 @@ def test_end_to_end_in_tune(tmp_path):
     callback = PrivacyAccountantCallback(searcher, delta=delta, plan=PLAN, verbose=False)
     tuner = tune.Tuner(
         fake_constant_overhead_trainable,
-        tune_config=private_tune_config(
-            searcher, max_concurrent_trials=2, reuse_actors=True
-        ),
+        tune_config=private_tune_config(searcher, max_concurrent_trials=2, reuse_actors=True),
         run_config=tune.RunConfig(name="co", storage_path=str(tmp_path), callbacks=[callback], verbose=0),
     )
     results = tuner.fit()
     assert len(results) == 2 * 2 + 1
     with open(os.path.join(results.experiment_path, REPORT_FILE)) as file:
         report = json.load(file)
-    expected = (svt_curve(epsilon=5.0, rounds=searcher.max_rounds, orders=PLAN.curve().orders) + PLAN.curve()).epsilon(delta=delta)
+    expected = (svt_curve(epsilon=5.0, rounds=searcher.max_rounds, orders=PLAN.curve().orders) + PLAN.curve()).epsilon(
+        delta=delta
+    )
     assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
     assert report["guarantee"]["charged_attempts"] == 0
     assert len(report["unaccounted_trials"]) == 4

@@ -87,7 +87,9 @@ def test_exponential_mechanism_ratio_is_at_most_e_eps(seed):
 def test_beta_and_c_against_hand_computed_values():
     # mpmath, 30 digits: 2 log(64·3²·π²/(3·1e-3)) and 2√(0.05 log(3·64/1e-3))
     assert vr.beta_t(3, 64, delta=1e-3) == pytest.approx(28.9094208454174378964789340649, rel=1e-11)
-    assert vr.dataset_shift_bound(0.95, 64, failure=1e-3 / 3) == pytest.approx(1.55982374972366147775162401748, rel=1e-11)
+    assert vr.dataset_shift_bound(0.95, 64, failure=1e-3 / 3) == pytest.approx(
+        1.55982374972366147775162401748, rel=1e-11
+    )
     assert vr.srinivas_c1(0.01) == pytest.approx(1.73343252268425345445991694291, rel=1e-11)
     assert vr.dataset_shift_bound(1.0, 64, failure=1e-3) == 0.0  # k1 = 1: the datasets' functions coincide
     assert vr.beta_t(3, 64, delta=1e-3) >= 2 * math.log(64 * 9 * math.pi**2 / 3e-3)  # rounded up, never down
@@ -250,7 +252,9 @@ def test_guarantee_is_known_before_the_search():
     searcher.set_search_properties("acc", "max", SPACE, num_samples=-1)
     assert searcher.privacy_details()["n_candidates"] == 6
     with pytest.raises(PrivacyError, match="num_samples=-1"):
-        PrivacyAccountantCallback(DPBOSearcher(5, epsilon=0.5, delta=1e-4), delta=1e-3, verbose=False).setup(num_samples=3)
+        PrivacyAccountantCallback(DPBOSearcher(5, epsilon=0.5, delta=1e-4), delta=1e-3, verbose=False).setup(
+            num_samples=3
+        )
 
 
 def test_release_only_the_config_or_only_the_score():

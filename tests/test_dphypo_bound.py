@@ -63,7 +63,9 @@ def best_of_t_laws(policies: np.ndarray, mech: np.ndarray, law: RunCountDistribu
     m = mech.shape[1]
     states = 1 + m * m
     out = policies @ mech  # (B, S, m): law of the next output in each state
-    target = np.array([[1 + max(b, y) * m + y for y in range(m)] for b in [-1] + [b for b in range(m) for _ in range(m)]])
+    target = np.array(
+        [[1 + max(b, y) * m + y for y in range(m)] for b in [-1] + [b for b in range(m) for _ in range(m)]]
+    )
     move = np.zeros((states, m, states))
     move[np.arange(states)[:, None], np.arange(m)[None, :], target] = 1.0
     step = np.einsum("bsy,syt->bst", out, move)  # (B, S, S) transition matrices

@@ -26,8 +26,8 @@ from ray_dptune.accounting import (
     generic_repeat_and_select,
     repeat_and_select,
     subsampled_gaussian_profile,
+    svt,
 )
-from ray_dptune.accounting import svt
 from ray_dptune.accounting import information_gain as ig
 from ray_dptune.accounting import validation_release as vr
 from ray_dptune.accounting.generic import add_no_run_atom

@@ -66,7 +66,12 @@ MODELS = {
 def test_default_is_auto():
     assert DEFAULT_GRAD_SAMPLE_MODE == AUTO
     assert (
-        TrainSpec(digits_cnn, lambda c: None, nn.functional.cross_entropy, PrivacyParams(noise_multiplier=1.0, batch_size=64, epochs=1)).grad_sample_mode
+        TrainSpec(
+            digits_cnn,
+            lambda c: None,
+            nn.functional.cross_entropy,
+            PrivacyParams(noise_multiplier=1.0, batch_size=64, epochs=1),
+        ).grad_sample_mode
         == AUTO
     )
 
@@ -167,7 +172,13 @@ def test_train_logs_the_resolved_mode(caplog):
     data = TensorDataset(
         torch.randn(128, 1, 8, 8, generator=generator), torch.randint(0, 10, (128,), generator=generator)
     )
-    spec = TrainSpec(digits_cnn, lambda c: (data, data), nn.functional.cross_entropy, PrivacyParams(noise_multiplier=1.0, batch_size=32, epochs=1), seed=0)
+    spec = TrainSpec(
+        digits_cnn,
+        lambda c: (data, data),
+        nn.functional.cross_entropy,
+        PrivacyParams(noise_multiplier=1.0, batch_size=32, epochs=1),
+        seed=0,
+    )
     reports = []
     with caplog.at_level(logging.INFO, logger="ray_dptune.training.loop"):
         train({"lr": 0.1, "max_grad_norm": 1.0}, spec, lambda metrics, directory: reports.append(metrics))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from ray_dptune import PointMass, Poisson, PrivacyError, RDPCurve, TrialSpend
-from ray_dptune.accounting.account import Mechanism, SearchAccount, compose_with_releases
+from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.guarantee import compose_with_releases
 from ray_dptune.cli import main
 from ray_dptune.ledger import PrivacyLedger
 from ray_dptune.store import StoreError

@@ -124,7 +124,10 @@ def test_space_plan_covers_every_part(digits):
     trainable = dp_trainable(digits_cnn, digits_data, noise_multiplier=1.0, batch_size=64, epochs=2)
     choices = [{"index": index, "count": count} for index in range(count)]
     plan = trainable.privacy_plan({**HYPER, "dp_partition": tune.choice(choices)})
-    part_plans = {trial_plan(PrivacyParams(noise_multiplier=1.0, batch_size=64, epochs=2), int(size)) for size in part_sizes(digits[0], count)}
+    part_plans = {
+        trial_plan(PrivacyParams(noise_multiplier=1.0, batch_size=64, epochs=2), int(size))
+        for size in part_sizes(digits[0], count)
+    }
     assert plan in part_plans and len(part_plans) == count  # the parts differ in size, so in q
     plan_curve = plan.curve()
     assert all(plan_curve.dominates(other.curve()) for other in part_plans - {plan})

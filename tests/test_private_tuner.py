@@ -39,17 +39,29 @@ def test_bad_input_is_refused_before_anything_runs():
     with pytest.raises(ValueError, match="delta must lie strictly between 0 and 1"):
         private_tuner(trainable(), param_space=SPACE, epsilon=3.0, delta=0.0, law=PointMass(2))
     with pytest.raises(ValueError, match="must not set 'noise_multiplier'"):
-        private_tuner(trainable(), param_space={**SPACE, "noise_multiplier": 1.0}, epsilon=3.0, delta=DELTA, law=PointMass(2))
+        private_tuner(
+            trainable(), param_space={**SPACE, "noise_multiplier": 1.0}, epsilon=3.0, delta=DELTA, law=PointMass(2)
+        )
     with pytest.raises(UnsupportedBoundError, match="validation set"):
-        private_tuner(trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, searcher=DPBOSearcher(3, epsilon=1.0, delta=1e-7))
+        private_tuner(
+            trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, searcher=DPBOSearcher(3, epsilon=1.0, delta=1e-7)
+        )
     with pytest.raises(PrivacyError, match="num_samples=4 would cap"):
         private_tuner(
-            trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, law=PointMass(2),
+            trainable(),
+            param_space=SPACE,
+            epsilon=3.0,
+            delta=DELTA,
+            law=PointMass(2),
             tune_config=tune.TuneConfig(num_samples=4),
         )
     with pytest.raises(ValueError, match="not in tune_config.search_alg"):
         private_tuner(
-            trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, law=PointMass(2),
+            trainable(),
+            param_space=SPACE,
+            epsilon=3.0,
+            delta=DELTA,
+            law=PointMass(2),
             tune_config=tune.TuneConfig(search_alg=DPHyPOSearcher(PointMass(2))),
         )
 
@@ -62,7 +74,9 @@ def test_a_budget_no_noise_can_meet_is_refused_before_training():
 
 @pytest.mark.parametrize("law", [PointMass(3), Poisson(mean=8)], ids=["point-mass", "poisson"])
 def test_the_calibrated_search_meets_the_budget_tightly(law):
-    tuner = private_tuner(trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, law=law, metric="val_acc", mode="max")
+    tuner = private_tuner(
+        trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, law=law, metric="val_acc", mode="max"
+    )
     space = tuner._local_tuner.param_space  # the Tuner as built (read back, not re-derived)
     sigma = space["noise_multiplier"]
     plan = trainable().privacy_plan(space)
@@ -115,7 +129,11 @@ def test_dp_hypo_search_end_to_end(tmp_path):
 def test_constant_overhead_search_end_to_end(tmp_path):
     searcher = ConstantOverheadSearcher(
         [{"lr": 0.5, "max_grad_norm": 1.0}, {"lr": 1.0, "max_grad_norm": 1.0}],
-        partitions=2, epsilon_round=0.1, granularity=0.1, metric="val_acc", seed=0,
+        partitions=2,
+        epsilon_round=0.1,
+        granularity=0.1,
+        metric="val_acc",
+        seed=0,
     )
     results, report = _fit(tmp_path, "overhead", param_space={}, epsilon=8.0, searcher=searcher)
     assert len(results) == 2 * 2 + 1 and report["searcher"] == "ConstantOverheadSearcher"

@@ -176,7 +176,11 @@ def test_never_looser_than_dp_accounting_on_the_same_base_curve(shape, mean):
 def test_same_method_as_dp_accounting_for_poisson_agrees_closely():
     """Theorem 6 with δ̂ from the RDP curve is dp_accounting's method: same numbers."""
     theirs = _dp_accounting_curve(10.0, np.inf)
-    ours = repeat_and_select(RDPCurve(DP_ORDERS, RDPCurve.gaussian(noise_multiplier=SIGMA, orders=DP_ORDERS).epsilons), Poisson(10.0), generic=False)
+    ours = repeat_and_select(
+        RDPCurve(DP_ORDERS, RDPCurve.gaussian(noise_multiplier=SIGMA, orders=DP_ORDERS).epsilons),
+        Poisson(10.0),
+        generic=False,
+    )
     assert ours.epsilon(delta=1e-6) == pytest.approx(theirs.get_epsilon(1e-6), rel=1e-3)
     assert theirs.get_epsilon(1e-6) == pytest.approx(4.6074, abs=1e-3)
 

@@ -120,7 +120,13 @@ def test_plan_counts_one_score_release_per_epoch():
         digits_cnn, digits_data, noise_multiplier=2.0, batch_size=64, epochs=3, score_noise_multiplier=4.0
     )
     plan = trainable.privacy_plan({}, dataset_size=N_TRAIN)
-    assert plan == TrialSpend(sample_rate=64 / N_TRAIN, noise_multiplier=2.0, steps=3 * STEPS_PER_EPOCH, score_noise_multiplier=4.0, score_releases=3)
+    assert plan == TrialSpend(
+        sample_rate=64 / N_TRAIN,
+        noise_multiplier=2.0,
+        steps=3 * STEPS_PER_EPOCH,
+        score_noise_multiplier=4.0,
+        score_releases=3,
+    )
 
 
 @pytest.mark.parametrize(
@@ -140,7 +146,13 @@ def test_plan_counts_one_score_release_per_epoch():
         ),
         (  # noisy scores cost more than public ones
             {"score_noise_multiplier": tune.choice([None, 8.0]), "epochs": 4},
-            TrialSpend(sample_rate=64 / N_TRAIN, noise_multiplier=2.5, steps=4 * STEPS_PER_EPOCH, score_noise_multiplier=8.0, score_releases=4),
+            TrialSpend(
+                sample_rate=64 / N_TRAIN,
+                noise_multiplier=2.5,
+                steps=4 * STEPS_PER_EPOCH,
+                score_noise_multiplier=8.0,
+                score_releases=4,
+            ),
         ),
     ],
     ids=["sigma-range-batch-choice-epoch-grid", "sigma-choice-epoch-range", "score-noise-choice"],
@@ -186,7 +198,9 @@ def test_spent_matches_opacus_rdp_and_the_steps_taken(tmp_path, data_fn, optimiz
 
 def test_step_guard_stops_at_the_plan(tmp_path, data_fn, optimizer_updates, monkeypatch):
     def short_plan(params, dataset_size):
-        return TrialSpend(sample_rate=params.batch_size / dataset_size, noise_multiplier=float(params.noise_multiplier), steps=10)
+        return TrialSpend(
+            sample_rate=params.batch_size / dataset_size, noise_multiplier=float(params.noise_multiplier), steps=10
+        )
 
     monkeypatch.setattr(loop_module, "trial_plan", short_plan)
     with pytest.raises(PrivacyError, match="exceed the trial's plan of 10 steps"):

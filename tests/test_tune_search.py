@@ -113,7 +113,13 @@ def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
     def flaky(config):
         fake_dp_trainable(config) if marker.exists() else None
         if not marker.exists():
-            tune.report({"score": 0.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10).to_dict()})
+            tune.report(
+                {
+                    "score": 0.0,
+                    "dp_plan": PLAN.to_dict(),
+                    "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10).to_dict(),
+                }
+            )
             marker.touch()
             raise RuntimeError("simulated node loss")
 
@@ -129,7 +135,13 @@ def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
 
 def test_spending_above_the_plan_stops_the_search(tmp_path):
     def greedy(config):
-        tune.report({"score": 1.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=41).to_dict()})
+        tune.report(
+            {
+                "score": 1.0,
+                "dp_plan": PLAN.to_dict(),
+                "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=41).to_dict(),
+            }
+        )
 
     with pytest.raises(Exception, match="above its plan"):
         run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), greedy)
@@ -177,7 +189,13 @@ def test_adaptive_early_stopping_is_refused(tmp_path):
         private_tune_config(searcher, scheduler=ASHAScheduler())
 
     def stopped_early(config):  # what ASHA does to a trial: it ends before its plan
-        tune.report({"score": 1.0, "dp_plan": PLAN.to_dict(), "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10).to_dict()})
+        tune.report(
+            {
+                "score": 1.0,
+                "dp_plan": PLAN.to_dict(),
+                "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10).to_dict(),
+            }
+        )
 
     with pytest.raises(Exception, match="stopped early"):
         run(tmp_path, searcher, stopped_early)

@@ -25,9 +25,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ray_dptune import validate
+from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.spend import curve_from_report, parse_report
+from ray_dptune.accounting.spend import curve_from_report, parse_report, report_covers, unit_spend
 from ray_dptune.accounting.svt import svt_curve
 from ray_dptune.distributions import RunCountDistribution, distribution_from_dict
 from ray_dptune.errors import PrivacyError
@@ -35,17 +37,15 @@ from ray_dptune.errors import PrivacyError
 __all__ = [
     "ACCOUNT_VERSION",
     "ATTEMPT_STATES",
-    "Guarantee",
     "Mechanism",
     "SearchAccount",
-    "compose_with_releases",
 ]
 
 ACCOUNT_VERSION = 1
 ATTEMPT_STATES = ("suggested", "started", "reporting", "completed", "failed", "unknown")
 LIVE_STATES = frozenset({"suggested", "started", "reporting"})
 _COVERABLE = LIVE_STATES | {"completed"}
-_KINDS = ("random_count", "constant_overhead", "release", "composition")
+_KINDS = ("random_count", "constant_overhead", "release", "composition", "halving")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,22 @@ class Mechanism:
         """Every accounted attempt composed at its plan (no selection theorem)."""
         return cls("composition", {})
 
+    @classmethod
+    def halving(cls, *, budget_units: int, max_t: int) -> Mechanism:
+        """Private successive halving: at most ``budget_units`` time units of trials, each ``1/max_t`` of the plan.
+
+        Every segment of every trial is charged, before it runs, in units of ``time_attr``
+        (a unit is ``plan / max_t``: the DP-SGD steps and score releases of one epoch), and
+        no charge may take the total past the budget. Whatever the scheduler decides from
+        the released scores, the run is then a post-processing of ``budget_units`` units
+        composed adaptively (pad the run with unused units: Mironov 2017, Prop. 1; for
+        DP-SGD alone, the steps of one run of that length), so the bound is the budget's.
+        """
+        for name, value in (("budget_units", budget_units), ("max_t", max_t)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        return cls("halving", {"budget_units": budget_units, "max_t": max_t})
+
     @property
     def cover_cap(self) -> int:
         """How many attempts (one per trial) the mechanism's own bound covers."""
@@ -102,6 +118,8 @@ class Mechanism:
         ``selections`` counts the sparse-vector selections of a constant-overhead search
         that ran (each costs ``max_rounds`` rounds; at least one is charged from the start).
         """
+        if self.kind == "halving":
+            raise ValueError("A halving search's curve is its budget of plan units: read it from SearchAccount.")
         if self.kind == "random_count":
             return repeat_and_select(plan, self.law, density_ratio=self.params["density_ratio"], generic=generic)
         if self.kind == "constant_overhead":
@@ -117,60 +135,6 @@ class Mechanism:
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> Mechanism:
         return cls(record["kind"], dict(record.get("params", {})))
-
-
-@dataclass(frozen=True)
-class Guarantee:
-    """A search's (ε, δ), its RDP curve (None for an approximate-DP release), and how it is made up."""
-
-    epsilon: float | None
-    delta: float
-    curve: RDPCurve | None
-    charged_attempts: int
-    epsilon_selection: float | None = None
-    epsilon_one_trial: float | None = None
-    epsilon_adaptivity: float | None = None
-    release_epsilon: float = 0.0
-    release_delta: float = 0.0
-    reason: str | None = None
-
-    def to_dict(self, *, with_curve: bool = True) -> dict[str, Any]:
-        record = {
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "epsilon_selection": self.epsilon_selection,
-            "epsilon_one_trial": self.epsilon_one_trial,
-            "epsilon_adaptivity": self.epsilon_adaptivity,
-            "charged_attempts": self.charged_attempts,
-            "release_epsilon": self.release_epsilon,
-            "release_delta": self.release_delta,
-        }
-        if self.reason:
-            record["reason"] = self.reason
-        if with_curve:
-            record["curve"] = None if self.curve is None else self.curve.to_dict()
-        return record
-
-
-def compose_with_releases(
-    curve: RDPCurve | None, *, release_epsilon: float = 0.0, release_delta: float = 0.0, delta: float
-) -> float:
-    """ε at ``delta`` of an RDP mechanism run beside approximate-DP releases.
-
-    Basic composition (Dwork & Roth 2014, Thm 3.16): the RDP part is converted at
-    δ − Σδ_release (Canonne, Kamath & Steinke 2020, Prop. 12) and Σε_release is added.
-
-    Raises:
-        PrivacyError: the releases alone need δ >= ``delta``.
-    """
-    rdp_delta = delta - release_delta
-    if rdp_delta <= 0:
-        raise PrivacyError(
-            f"The approximate-DP releases need δ = {release_delta:g} in all, at least the requested δ = {delta:g}: "
-            "no (ε, δ) at that δ covers them. Ask for a larger δ."
-        )
-    rdp = 0.0 if curve is None else curve.epsilon(delta=rdp_delta * (1.0 - 1e-12))  # conservative rounding of δ
-    return rdp + release_epsilon
 
 
 @dataclass
@@ -220,6 +184,7 @@ class SearchAccount:
         self._coverable = 0  # accounted trials whose last attempt is live or completed
         self._completed = 0  # accounted trials whose last attempt completed
         self._trials_completed = 0  # every trial whose last attempt completed
+        self._units = 0  # time units charged to every attempt (private successive halving)
         self._cache: dict[tuple, Any] = {}
         if plan is not None:
             self.apply({"type": "plan", "plan": dict(plan)})
@@ -245,19 +210,23 @@ class SearchAccount:
             self.releases.append(dict(event.get("release") or {}))
             return
         trial_id = str(event["trial_id"])
+        units = self._units_added(event)
         if kind == "suggested":
             if trial_id not in self.trials:
-                self._new_attempt(trial_id, bool(event["accounted"]), "suggested")
+                self._new_attempt(trial_id, bool(event["accounted"]), "suggested", units)
         elif kind == "started":
             trial = self.trials.get(trial_id)
             if trial is None:
-                self._new_attempt(trial_id, bool(event["accounted"]), "started")
+                self._new_attempt(trial_id, bool(event["accounted"]), "started", units)
             elif trial.last == "suggested":
                 self._set_state(trial_id, "started")
             else:
                 if trial.last in LIVE_STATES:  # restarted without an error event: interrupted
                     self._set_state(trial_id, "unknown")
-                self._new_attempt(trial_id, trial.accounted, "started")
+                self._new_attempt(trial_id, trial.accounted, "started", units)
+        elif kind == "charged":
+            self.trials[trial_id].attempts[-1]["units"] += units
+            self._units += units
         elif kind == "reported":
             trial = self.trials.get(trial_id)
             if trial is None or trial.last not in LIVE_STATES:
@@ -271,6 +240,36 @@ class SearchAccount:
                 self._set_state(trial_id, kind)
         else:
             raise ValueError(f"Unknown account event {kind!r}.")
+
+    def admit(self, event: Mapping[str, Any]) -> None:
+        """Raises PrivacyError when ``event`` would charge a halving search past its budget (nothing changes)."""
+        if self.mechanism.kind != "halving":
+            return
+        units, budget = self._units_added(event), self.mechanism.params["budget_units"]
+        if self._units + units > budget:
+            raise PrivacyError(
+                f"Charging {units} more time unit(s) to trial {event.get('trial_id')} would take the search past its "
+                f"budget of {budget} units ({self._units} charged): the segment must not run."
+            )
+        if event["type"] == "charged" and str(event["trial_id"]) not in self.trials:
+            raise ValueError(f"Cannot charge trial {event['trial_id']}: it was never suggested or started.")
+
+    @property
+    def units_charged(self) -> int:
+        """Time units charged so far (private successive halving; 0 otherwise)."""
+        return self._units
+
+    def units_of(self, trial_id: str) -> int:
+        """Time units charged to the trial's current attempt: how far it may run."""
+        trial = self.trials.get(trial_id)
+        return trial.attempts[-1]["units"] if trial is not None and trial.attempts else 0
+
+    def within_charge(self, trial_id: str, spent: Mapping[str, Any]) -> bool:
+        """True unless a halving search's trial reports spending more than its charged units of the plan."""
+        if self.mechanism.kind != "halving" or self.plan is None:
+            return True
+        unit = unit_spend(self.plan, units_per_plan=self.mechanism.params["max_t"])
+        return report_covers(unit.repeated(self.units_of(trial_id)).to_dict(), spent)
 
     def restored(self) -> None:
         """A new driver took over: every live attempt's fate is unknown, so it is charged."""
@@ -287,13 +286,15 @@ class SearchAccount:
 
     def charged_attempts(self, *, if_stopped_now: bool = False) -> int:
         """Accounted attempts outside the mechanism's bound, each composed at the full plan."""
+        if self.mechanism.kind == "halving":
+            return 0  # every attempt is charged by its units, inside the budget
         covered = self._completed if if_stopped_now else self._coverable
         return self._attempts - min(self.mechanism.cover_cap, covered)
 
     def guarantee(self, *, if_stopped_now: bool = False) -> Guarantee:
         """The whole search's (ε, δ): the mechanism's bound plus every charged attempt at its plan."""
         charged = self.charged_attempts(if_stopped_now=if_stopped_now)
-        key = ("guarantee", charged, self.selections, len(self.releases), self._plan_key())
+        key = ("guarantee", charged, self.selections, len(self.releases), self._units, self._plan_key())
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._compute(charged)
@@ -326,8 +327,11 @@ class SearchAccount:
         if mechanism.kind == "random_count" and mechanism.params["density_ratio"] > 1.0:
             uniform = repeat_and_select(plan_curve, mechanism.law, generic=self.generic)
             adaptivity = selection.epsilon(delta=self.delta) - uniform.epsilon(delta=self.delta)
+        epsilon = total.epsilon(delta=self.delta)
+        if mechanism.kind == "halving" and total.mechanism is not None:  # one DP-SGD run: its exact profile
+            epsilon = min(epsilon, total.mechanism.epsilon(delta=self.delta))
         return Guarantee(
-            epsilon=total.epsilon(delta=self.delta),
+            epsilon=epsilon,
             delta=self.delta,
             curve=total,
             charged_attempts=charged,
@@ -337,22 +341,39 @@ class SearchAccount:
         )
 
     def _selection(self) -> tuple[RDPCurve, RDPCurve]:
-        key = ("selection", self.selections, self._plan_key())
+        key = ("selection", self.selections, self._units, self._plan_key())
         if key not in self._cache:
             plan_curve = curve_from_report(self.plan)
-            self._cache[key] = (
-                plan_curve,
-                self.mechanism.selection_curve(plan_curve, selections=self.selections, generic=self.generic),
-            )
+            if self.mechanism.kind == "halving":  # the budget; more only if charges bypassed admit()
+                params = self.mechanism.params
+                units = max(params["budget_units"], self._units)
+                selection = unit_spend(self.plan, units_per_plan=params["max_t"]).repeated(units).curve()
+            else:
+                selection = self.mechanism.selection_curve(plan_curve, selections=self.selections, generic=self.generic)
+            self._cache[key] = (plan_curve, selection)
         return self._cache[key]
+
+    def _units_added(self, event: Mapping[str, Any]) -> int:
+        """The time units ``event`` charges in a halving search: a retry re-runs up to its segment's end."""
+        if self.mechanism.kind != "halving" or not self.trials.get(str(event.get("trial_id")), _Trial(True)).accounted:
+            return 0
+        kind, trial = event["type"], self.trials.get(str(event.get("trial_id")))
+        if kind == "charged" or (kind == "suggested" and trial is None):
+            return validate.integer("units", event.get("units"), minimum=1)
+        if kind == "started" and trial is None:  # never suggested: it may run its whole plan
+            return int(self.mechanism.params["max_t"]) if event.get("accounted", True) else 0
+        if kind == "started" and trial.last != "suggested":
+            return trial.attempts[-1]["units"]
+        return 0
 
     def _plan_key(self) -> str | None:
         return None if self.plan is None else json.dumps(self.plan, sort_keys=True)
 
-    def _new_attempt(self, trial_id: str, accounted: bool, state: str) -> None:
+    def _new_attempt(self, trial_id: str, accounted: bool, state: str, units: int = 0) -> None:
         trial = self.trials.setdefault(trial_id, _Trial(accounted))
         self._count(trial, -1)
-        trial.attempts.append({"state": state, "spent": None})
+        trial.attempts.append({"state": state, "spent": None, "units": units})
+        self._units += units
         if trial.accounted:
             self._attempts += 1
         self._count(trial, +1)

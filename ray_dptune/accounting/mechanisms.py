@@ -295,6 +295,23 @@ class KnownMechanism:
         _profile_for(*key)  # builds (or fails) now, not at the first read
         return lambda epsilon: _cached_deltas(key, np.asarray(epsilon, dtype=float))
 
+    def epsilon(self, *, delta: float) -> float:
+        """The smallest ε (to 1e-6 relative, rounded up) with δ(ε) <= ``delta`` on :meth:`profile`.
+
+        The profile bounds the true δ(ε) from above and is non-increasing, so the bisection's
+        upper end is a valid ε. Raises ValueError when the PLD is out of reach.
+        """
+        profile = self.profile()
+        low, high = 0.0, 1.0
+        while profile(np.array([high]))[0] > delta:
+            low, high = high, 2.0 * high
+            if high > _MAX_EXP_ARGUMENT:
+                return math.inf
+        while high - low > 1e-6 * high:
+            middle = 0.5 * (low + high)
+            low, high = (middle, high) if profile(np.array([middle]))[0] > delta else (low, middle)
+        return high
+
     def partner(self, q: np.ndarray) -> np.ndarray:
         """A lower bound on min{q' : (q, q') given by one post-processing of the two output laws}.
 

@@ -31,7 +31,10 @@ from ray_dptune.errors import UnsupportedBoundError
 __all__ = [
     "check_density_ratio",
     "known_profile",
-    "poisson_bound", "repeat_and_select", "truncated_negative_binomial_bound"]
+    "poisson_bound",
+    "repeat_and_select",
+    "truncated_negative_binomial_bound",
+]
 
 
 def truncated_negative_binomial_bound(

@@ -8,7 +8,7 @@ The same record serves as a trial's *plan* (what it may spend) and as what it ha
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 
-__all__ = ["TrialSpend", "curve_from_report", "parse_report", "report_covers"]
+__all__ = ["TrialSpend", "curve_from_report", "parse_report", "report_covers", "unit_spend"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +86,11 @@ class TrialSpend:
             return other.steps <= self.steps and other.score_releases <= self.score_releases
         return self.curve().dominates(other.curve())
 
+    def repeated(self, count: int) -> TrialSpend:
+        """``count`` runs of this record one after another: steps and score releases times ``count``."""
+        count = validate.integer("count", count)
+        return replace(self, steps=self.steps * count, score_releases=self.score_releases * count)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (what a trainable reports)."""
         return {"kind": "dpsgd", **asdict(self)}
@@ -144,6 +149,24 @@ def report_covers(plan: Any, spent: Any) -> bool:
     if plan_curve.mechanism is not None:  # bounded by the plan's exact trade-off: a bare curve cannot prove it
         return False
     return plan_curve.dominates(_as_curve(spent))
+
+
+def unit_spend(plan: Any, *, units_per_plan: int) -> TrialSpend:
+    """One time unit of a DP-SGD ``plan`` that spans ``units_per_plan`` units (e.g. one epoch of ``epochs``).
+
+    Raises:
+        ValueError: the plan is not a :class:`TrialSpend`, or its steps or score releases
+            do not split evenly into ``units_per_plan`` units (a unit would then have no exact cost).
+    """
+    parsed = parse_report(plan)
+    if not isinstance(parsed, TrialSpend):
+        raise ValueError("Charging a trial by time units needs a DP-SGD plan (a TrialSpend dict), not a bare curve.")
+    if parsed.steps % units_per_plan or parsed.score_releases % units_per_plan:
+        raise ValueError(
+            f"The plan's {parsed.steps} steps and {parsed.score_releases} score releases do not split into "
+            f"max_t = {units_per_plan} equal time units: set max_t to the trial's epochs (time_attr counting epochs)."
+        )
+    return replace(parsed, steps=parsed.steps // units_per_plan, score_releases=parsed.score_releases // units_per_plan)
 
 
 def _as_curve(record: TrialSpend | RDPCurve) -> RDPCurve:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 from ray.tune.search import Searcher
 
-from ray_dptune.accounting.account import Mechanism
+from ray_dptune.accounting.account import Mechanism, SearchAccount
 from ray_dptune.distributions import RunCountDistribution, distribution_from_dict, secure_rng
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.space import check_space, space_fingerprint
@@ -138,6 +138,23 @@ class PrivateSearcher(Searcher):
     def attach_recorder(self, recorder: Callable[[Mapping[str, Any]], None] | None) -> None:
         """Sets where this searcher's write-ahead events go (the accountant callback's journal)."""
         self._recorder = recorder
+
+    def attach_account(self, account: Callable[[], SearchAccount] | None) -> None:
+        """Lets the searcher read the account it records into (the callback's, also after a restore)."""
+        self._account = account
+
+    @property
+    def has_account(self) -> bool:
+        return getattr(self, "_account", None) is not None
+
+    def account(self) -> SearchAccount:
+        """The search's account (a searcher that spends a budget reads what is left there)."""
+        if not self.has_account:
+            raise RuntimeError(
+                f"{type(self).__name__} reads the search's privacy account: pass it to "
+                "ray_dptune.PrivacyAccountantCallback (or use ray_dptune.private_tuner)."
+            )
+        return self._account()
 
     def record_event(self, event: Mapping[str, Any]) -> None:
         """Records an event durably before its effect can leave the driver (no-op without a recorder)."""

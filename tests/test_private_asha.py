@@ -1,0 +1,284 @@
+"""Private successive halving: the rungs, the budgeted account, and the scheduler in Ray Tune."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+from ray_dptune import (
+    PointMass,
+    PrivacyAccountantCallback,
+    PrivacyError,
+    PrivateASHAScheduler,
+    RandomCountSearcher,
+    TrialSpend,
+    private_tune_config,
+    release_best,
+)
+from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.journal import SearchJournal
+from ray_dptune.search.rungs import Rungs
+
+DELTA = 1e-5
+PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=60)  # 3 units of 20 steps
+MAX_T = 3
+SPACE = {"x": tune.uniform(0.0, 1.0)}
+
+
+# ----------------------------------------------------------------------------- rungs
+
+
+def test_milestones_follow_grace_period_times_eta_capped_at_max_t():
+    assert Rungs(grace_period=1, reduction_factor=3, max_t=9).milestones == (1, 3, 9)
+    assert Rungs(grace_period=2, reduction_factor=2, max_t=10).milestones == (2, 4, 8, 10)
+    assert Rungs(grace_period=3, reduction_factor=4, max_t=3).milestones == (3,)
+    rungs = Rungs(grace_period=1, reduction_factor=3, max_t=9)
+    assert [rungs.next_milestone(t) for t in (0, 1, 2, 3, 8)] == [1, 3, 3, 9, 9]
+    with pytest.raises(ValueError, match="reduction_factor"):
+        Rungs(grace_period=1, reduction_factor=1, max_t=9)
+    with pytest.raises(ValueError, match="max_t"):
+        Rungs(grace_period=4, reduction_factor=2, max_t=3)
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_about_one_in_eta_goes_on_and_the_best_at_the_top_rung_is_released(mode):
+    rungs = Rungs(grace_period=1, reduction_factor=3, max_t=9, mode=mode)
+    sign = 1 if mode == "max" else -1
+    scores = np.random.default_rng(0).permutation(300)
+    promoted = [rungs.promotable(f"t{i}", 1, sign * float(s)) for i, s in enumerate(scores)]
+    assert 0.3 < np.mean(promoted) < 0.4  # asynchronous: early arrivals go on more easily than 1/3
+    ranked = sorted(range(300), key=lambda i: -scores[i])
+    assert all(promoted[i] for i in ranked[:1])  # the best always goes on
+    assert rungs.promotable("late", 1, sign * -1.0) is False
+    assert rungs.promotable("nan", 1, float("nan")) is False
+    rungs.promotable("t5", 3, sign * 2.0)
+    rungs.promotable("t7", 3, sign * 5.0)
+    assert rungs.best() == "t7" and rungs.reached("t7") == 3 and rungs.reached("t1") == 1
+
+
+# ----------------------------------------------------------------------------- the account
+
+
+def halving_account(budget_units=9, plan=PLAN):
+    return SearchAccount(Mechanism.halving(budget_units=budget_units, max_t=MAX_T), delta=DELTA, plan=plan.to_dict())
+
+
+def charge(account, event):
+    account.admit(event)
+    account.apply(event)
+
+
+def test_the_guarantee_is_one_dp_sgd_run_of_the_budgets_steps():
+    account = halving_account(budget_units=9)
+    one_run = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=9 * 20).curve()
+    assert one_run.mechanism is not None  # the exact profile of the composed steps is kept
+    exact = one_run.mechanism.epsilon(delta=DELTA)  # dp_accounting's pessimistic PLD of the 180 steps
+    assert exact < one_run.epsilon(delta=DELTA)
+    assert account.guarantee().epsilon == pytest.approx(exact, rel=1e-12)
+    three_trials = 3 * PLAN.curve()  # 9 units = 3 whole trials composed
+    assert account.guarantee().epsilon <= three_trials.epsilon(delta=DELTA) + 1e-12
+
+
+def test_an_independent_accountant_agrees_on_the_budget():
+    dp_accounting = pytest.importorskip("dp_accounting")
+    account = halving_account(budget_units=9)
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.2)), 9 * 20
+    )
+    rdp = dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(DELTA)
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4).compose(event).get_epsilon(DELTA)
+    ours = account.guarantee().epsilon
+    assert ours <= rdp  # below dp_accounting's RDP bound
+    assert pld <= ours <= pld * 1.01  # its finer pessimistic PLD: ours (coarser, also pessimistic) is just above
+
+
+def test_charges_add_up_and_a_charge_past_the_budget_is_refused_unrecorded():
+    account = halving_account(budget_units=5)
+    charge(account, {"type": "suggested", "trial_id": "a", "accounted": True, "units": 1})
+    charge(account, {"type": "started", "trial_id": "a", "accounted": True})
+    charge(account, {"type": "charged", "trial_id": "a", "units": 2})
+    charge(account, {"type": "suggested", "trial_id": "b", "accounted": True, "units": 1})
+    assert account.units_charged == 4 and account.units_of("a") == 3 and account.units_of("b") == 1
+    before = account.guarantee().epsilon
+    with pytest.raises(PrivacyError, match="past its budget of 5 units"):
+        account.admit({"type": "charged", "trial_id": "b", "units": 2})
+    assert account.units_charged == 4 and account.guarantee().epsilon == before
+    spent = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=60).to_dict()
+    assert account.within_charge("a", spent) is True
+    assert account.within_charge("b", spent) is False  # b was paid for one unit (20 steps) only
+
+
+def test_a_retried_or_restored_attempt_is_charged_again_up_to_its_segments_end():
+    account = halving_account(budget_units=9)
+    for event in (
+        {"type": "suggested", "trial_id": "a", "accounted": True, "units": 1},
+        {"type": "started", "trial_id": "a", "accounted": True},
+        {"type": "charged", "trial_id": "a", "units": 2},
+        {"type": "failed", "trial_id": "a"},
+    ):
+        charge(account, event)
+    charge(account, {"type": "started", "trial_id": "a", "accounted": True})  # Tune retries it from its checkpoint
+    assert account.units_charged == 6 and account.units_of("a") == 3
+    account.restored()  # a new driver: nothing live is forgotten, nothing is charged twice more
+    assert account.units_charged == 6
+    charge(account, {"type": "started", "trial_id": "a", "accounted": True})  # a third run: 3 more, 9 in all
+    assert account.units_charged == 9
+    with pytest.raises(PrivacyError, match="past its budget of 9 units"):
+        account.admit({"type": "started", "trial_id": "a", "accounted": True})
+
+
+def test_the_journal_rebuilds_the_same_charges(tmp_path):
+    account = halving_account(budget_units=9)
+    journal = SearchJournal(tmp_path / "journal.db")
+    journal.begin("s", {"mechanism": account.mechanism.to_dict(), "delta": DELTA, "plan": account.plan})
+    events = [
+        {"type": "suggested", "trial_id": "a", "accounted": True, "units": 1},
+        {"type": "started", "trial_id": "a", "accounted": True},
+        {"type": "charged", "trial_id": "a", "units": 2},
+        {"type": "suggested", "trial_id": "b", "accounted": True, "units": 1},
+    ]
+    for event in events:
+        charge(account, event)
+        journal.append([event])
+    rebuilt = journal.account()
+    assert rebuilt.units_charged == 4 and rebuilt.units_of("a") == 3
+    assert rebuilt.guarantee().epsilon == account.guarantee().epsilon
+
+
+def test_a_plan_that_does_not_split_into_max_t_units_is_refused():
+    account = SearchAccount(
+        Mechanism.halving(budget_units=6, max_t=4),
+        delta=DELTA,
+        plan=TrialSpend(**{**vars(PLAN), "steps": 30}).to_dict(),
+    )
+    with pytest.raises(ValueError, match="do not split into max_t = 4"):
+        account.guarantee()
+
+
+# ----------------------------------------------------------------------------- the scheduler, without Ray
+
+
+class FakeTrial:
+    def __init__(self, trial_id):
+        self.trial_id = trial_id
+
+
+def attached(scheduler):
+    account = SearchAccount(scheduler.searcher.privacy_mechanism(), delta=DELTA, plan=PLAN.to_dict())
+    scheduler.searcher.attach_recorder(lambda event: charge(account, event))
+    scheduler.searcher.attach_account(lambda: account)
+    scheduler.searcher.set_search_properties("score", "max", SPACE)
+    scheduler.set_search_properties("score", "max")
+    return account
+
+
+def test_the_scheduler_spends_its_budget_exactly_and_never_more():
+    scheduler = PrivateASHAScheduler(max_t=MAX_T, grace_period=1, reduction_factor=3, budget_trials=3, seed=0)
+    account = attached(scheduler)
+    ran, rng = {}, np.random.default_rng(1)
+    for n in range(100):
+        config = scheduler.searcher.suggest(f"t{n}")
+        if config == "FINISHED":
+            break
+        trial, score = FakeTrial(f"t{n}"), float(rng.random())
+        for time in range(1, MAX_T + 1):
+            ran[trial.trial_id] = time  # the unit runs: it was paid for
+            assert time <= account.units_of(trial.trial_id)
+            if scheduler.on_trial_result(None, trial, {"training_iteration": time, "score": score}) == "STOP":
+                break
+    assert sum(ran.values()) == account.units_charged == 9  # the budget, spent to the last unit
+    assert max(ran.values()) == MAX_T and min(ran.values()) == 1  # some went on, some stopped
+    assert scheduler.searcher.privacy_details()["released_trial_id"] in {t for t, u in ran.items() if u == MAX_T}
+
+
+def test_budget_and_knobs_are_checked_by_name():
+    with pytest.raises(ValueError, match="budget_trials"):
+        PrivateASHAScheduler(max_t=3, budget_trials=0.5)  # 1.5 units
+    with pytest.raises(ValueError, match="grace_period"):
+        PrivateASHAScheduler(max_t=3, budget_trials=1, grace_period=0)
+    with pytest.raises(RuntimeError, match="PrivacyAccountantCallback"):
+        PrivateASHAScheduler(max_t=3, budget_trials=1, space=SPACE).searcher.suggest("t")
+
+
+def test_the_guard_pairs_the_scheduler_with_its_own_searcher_only():
+    asha = PrivateASHAScheduler(max_t=3, budget_trials=2, metric="score", mode="max")
+    assert private_tune_config(asha.searcher).scheduler is asha
+    with pytest.raises(PrivacyError, match="Pass that PrivateASHAScheduler"):
+        private_tune_config(asha.searcher, scheduler=ASHAScheduler())
+    other = RandomCountSearcher(PointMass(2), metric="score", mode="max")
+    with pytest.raises(PrivacyError, match="search_alg=scheduler.searcher"):
+        private_tune_config(other, scheduler=asha)
+    with pytest.raises(PrivacyError, match="PrivateASHAScheduler"):
+        private_tune_config(other, scheduler=ASHAScheduler())
+
+
+# ----------------------------------------------------------------------------- in Ray Tune
+
+
+def halving_trainable(config):
+    """Reports once per time unit; logs (fsync'd) each unit before it runs: what really ran.
+
+    The n-th trial to start scores 1 - n/100 (later trials rank lower, so most stop at the
+    first milestone); the second one fails during its first unit.
+    """
+    from kill_driver import side_log
+
+    trial_id = tune.get_context().get_trial_id()
+    side = config["side_file"]
+    order = len({line.split()[1] for line in open(side)}) if os.path.exists(side) else 0
+    for time in range(1, MAX_T + 1):
+        side_log(side, f"unit {trial_id} {time}")
+        if order == 1:
+            raise RuntimeError("a trial that fails mid-segment")
+        spent = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=20 * time)
+        tune.report({"score": 1.0 - order / 100, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_in_tune_the_reported_epsilon_is_the_composition_of_every_unit_that_ran(tmp_path):
+    side = tmp_path / "side.log"
+    asha = PrivateASHAScheduler(max_t=MAX_T, grace_period=1, reduction_factor=3, budget_trials=4, seed=3)
+    accountant = PrivacyAccountantCallback(asha.searcher, delta=DELTA, plan=PLAN, verbose=False)
+    results = tune.Tuner(
+        halving_trainable,
+        param_space={**SPACE, "side_file": str(side)},
+        tune_config=private_tune_config(asha.searcher, metric="score", mode="max", max_concurrent_trials=2),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="asha", callbacks=[accountant], verbose=0),
+    ).fit()
+    lines = [line.split() for line in side.read_text().splitlines()]
+    ran = len(lines)
+    assert ran == 4 * MAX_T  # the budget was spent to the last unit, failed trials' units included
+    reached = {trial: max(int(t) for _, other, t in lines if other == trial) for _, trial, _ in lines}
+    assert max(reached.values()) == MAX_T and sorted(reached.values()).count(1) >= 5  # most stopped at 1
+    assert sum(result.error is not None for result in results) == 1
+    report = json.loads((tmp_path / "asha" / "privacy_report.json").read_text())
+    composed = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=20 * ran).curve().mechanism.epsilon(delta=DELTA)
+    assert report["guarantee"]["epsilon"] == pytest.approx(composed, rel=1e-12)
+    released = release_best(results)
+    finished = [r for r in results if r.metrics.get("training_iteration") == MAX_T]
+    assert released.score == max(r.metrics["score"] for r in finished)
+    assert report["details"]["units_charged"] == ran and report["details"]["budget_units"] == ran
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_plain_asha_under_a_dp_searcher_is_refused_before_any_trial_on_legacy_tune_run(tmp_path):
+    side = tmp_path / "side.log"
+    searcher = RandomCountSearcher(PointMass(2), metric="score", mode="max", seed=0)
+    with pytest.raises(Exception, match="PrivateASHAScheduler") as error:
+        tune.run(
+            halving_trainable,
+            config={**SPACE, "side_file": str(side)},
+            search_alg=searcher,
+            scheduler=ASHAScheduler(),
+            num_samples=-1,
+            storage_path=str(tmp_path),
+            callbacks=[PrivacyAccountantCallback(searcher, delta=DELTA, plan=PLAN, verbose=False)],
+            verbose=0,
+        )
+    assert "AsyncHyperBandScheduler stops or pauses trials" in str(error.value)
+    assert not os.path.exists(side)  # no trial ever started
