@@ -92,6 +92,7 @@ class PrivateASHAScheduler(FIFOScheduler):
         )
         self.searcher.scheduler = self
         self._metric, self._mode = metric, mode
+        self._not_resumed: list[Any] = []
 
     @property
     def rungs(self) -> Rungs:
@@ -105,6 +106,26 @@ class PrivateASHAScheduler(FIFOScheduler):
         self._mode = self._mode or self.searcher.mode or mode
         self.rungs.mode = self.rungs.mode or self._mode
         return True
+
+    def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+        """Ends, instead of resuming, a trial that a killed driver left unfinished.
+
+        Its charged units stay charged (the journal); re-running it would touch the data
+        again, so it is not resumed: the search goes on with new trials the budget pays for.
+        """
+        from ray.tune.experiment import Trial
+
+        unfinished = trial.status not in (Trial.TERMINATED, Trial.ERROR)
+        if unfinished and trial.trial_id not in self.searcher.suggested_by_this_driver:
+            self._not_resumed.append(trial)  # Tune cannot stop a trial while it adds it: at the next step
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        """Ends the interrupted trials first: Tune starts pending trials only after asking this."""
+        while self._not_resumed:
+            trial = self._not_resumed.pop()
+            logger.warning("Trial %s was interrupted with its driver; private halving does not resume it.", trial)
+            tune_controller.stop_trial(trial)
+        return super().choose_trial_to_run(tune_controller)
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         """Stops a trial at a milestone unless its score ranks and the budget pays for its next segment."""

@@ -1,7 +1,7 @@
 """A private search driver that SIGKILLs itself at a chosen instant (run by tests/test_driver_kills.py).
 
     python tests/kill_driver.py STORAGE NAME SIDE_FILE --k K [--restore] [--kill EVENT:N] [--kill-after SECONDS]
-                                [--ledger PATH] [--digits] [--dphypo]
+                                [--ledger PATH] [--digits] [--dphypo] [--asha]
 
 It connects to the Ray cluster at $RAY_ADDRESS (the tests' shared session). The trainable
 appends ``start <trial id>`` to SIDE_FILE (fsync'd) when it begins and ``done <trial id>``
@@ -31,6 +31,7 @@ from ray_dptune import (
     DPHyPOSearcher,
     PointMass,
     PrivacyAccountantCallback,
+    PrivateASHAScheduler,
     RandomCountSearcher,
     TrialSpend,
     private_tune_config,
@@ -60,6 +61,22 @@ def fake_trainable(config):
             sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=PLAN.steps * report // REPORTS
         )
         tune.report({"score": config["x"], "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
+    side_log(config["side_file"], f"done {trial_id}")
+
+
+ASHA_PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=30)  # 3 time units of 10 steps
+ASHA_MAX_T = 3
+
+
+def halving_trainable(config):
+    """One report per time unit; logs ``unit <trial>/<t>`` (fsync'd) before each unit runs."""
+    trial_id = tune.get_context().get_trial_id()
+    side_log(config["side_file"], f"start {trial_id}")
+    for time_unit in range(1, ASHA_MAX_T + 1):
+        side_log(config["side_file"], f"unit {trial_id}/{time_unit}")
+        time.sleep(0.2)
+        spent = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10 * time_unit)
+        tune.report({"score": config["x"], "dp_plan": ASHA_PLAN.to_dict(), "dp_spent": spent.to_dict()})
     side_log(config["side_file"], f"done {trial_id}")
 
 
@@ -135,6 +152,7 @@ def main() -> None:
     parser.add_argument("--ledger")
     parser.add_argument("--digits", action="store_true")
     parser.add_argument("--dphypo", action="store_true", help="DP-HyPO (adaptive) instead of uniform random count")
+    parser.add_argument("--asha", action="store_true", help="PrivateASHAScheduler with a budget of K whole trials")
     args = parser.parse_args()
 
     ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, configure_logging=False)
@@ -144,12 +162,16 @@ def main() -> None:
         os.environ["KILL_EVENT"], os.environ["KILL_AT"] = args.kill.split(":")
     if args.kill_after is not None:
         threading.Thread(target=kill_after, args=(experiment, args.side_file, args.kill_after), daemon=True).start()
-    trainable = digits_trainable() if args.digits else fake_trainable
+    trainable = digits_trainable() if args.digits else halving_trainable if args.asha else fake_trainable
     if args.restore:
         tuner = tune.Tuner.restore(experiment, trainable, resume_errored=True, resume_unfinished=True)
     else:
         metric = "score" if not args.digits else "val_acc"
-        if args.dphypo:
+        scheduler = None
+        if args.asha:
+            scheduler = PrivateASHAScheduler(max_t=ASHA_MAX_T, budget_trials=args.k, metric=metric, mode="max", seed=7)
+            searcher = scheduler.searcher
+        elif args.dphypo:
             searcher = KillingDPHyPOSearcher(PointMass(args.k), upper=2.0, lower=0.5, metric=metric, mode="max", seed=7)
         else:
             searcher = KillingSearcher(PointMass(args.k), metric=metric, mode="max", seed=7)
@@ -158,13 +180,13 @@ def main() -> None:
             from ray_dptune.ledger import PrivacyLedger
 
             ledger_args = {"ledger": PrivacyLedger(args.ledger), "dataset": "kills"}
-        plan = trainable.privacy_plan(digits_space()) if args.digits else PLAN
+        plan = trainable.privacy_plan(digits_space()) if args.digits else ASHA_PLAN if args.asha else PLAN
         accountant = PrivacyAccountantCallback(searcher, delta=DELTA, plan=plan, verbose=False, **ledger_args)
         space = digits_space() if args.digits else {**SPACE, "side_file": args.side_file}
         tuner = tune.Tuner(
             trainable,
             param_space=space,
-            tune_config=private_tune_config(searcher, max_concurrent_trials=2),
+            tune_config=private_tune_config(searcher, scheduler, max_concurrent_trials=2),
             run_config=tune.RunConfig(
                 name=args.name,
                 storage_path=args.storage,

@@ -121,6 +121,34 @@ def audit(report: dict, starts: list[str], k: int) -> None:
     assert replayed.guarantee(if_stopped_now=True).epsilon == pytest.approx(guarantee["epsilon"], rel=1e-12)
 
 
+ASHA_KILLS = {
+    "mid-report": [["--kill", "result:3"], ["--kill", "result:2"]],
+    "after-a-start": [["--kill", "start:2"], ["--kill", "start:1"]],
+    "timed": [["--kill-after", "0.5"], ["--kill-after", "1.1"]],
+}
+
+
+@pytest.mark.parametrize("kills", list(ASHA_KILLS.values()), ids=list(ASHA_KILLS))
+def test_a_killed_private_asha_search_never_under_counts_a_unit(tmp_path, kills):
+    """Every time unit the side file saw run was charged to its trial before it ran, across kills."""
+    from kill_driver import ASHA_PLAN
+
+    from ray_dptune.journal import SearchJournal
+
+    report, starts, killed = drive(tmp_path, "asha", kills, k=2, extra=["--asha"])
+    assert killed >= 1
+    units = [line.split()[1] for line in (tmp_path / "asha.side").read_text().splitlines() if line.startswith("unit")]
+    account = SearchJournal(tmp_path / "asha" / "privacy_journal.db").account()
+    for trial in {unit.split("/")[0] for unit in units}:
+        ran = sum(unit.split("/")[0] == trial for unit in units)  # re-runs after a kill included
+        charged = sum(attempt["units"] for attempt in account.attempts_of(trial))
+        assert ran <= charged, (trial, ran, charged)
+    assert len(units) <= account.units_charged <= 2 * 3  # never past the budget of 2 whole trials
+    budget = ASHA_PLAN.repeated(2).curve().mechanism.epsilon(delta=DELTA)
+    if report is not None:
+        assert report["guarantee"]["epsilon"] == pytest.approx(budget, rel=1e-12)
+
+
 KILL_PLANS = {
     "after-a-suggestion": [["--kill", "suggest:1"], ["--kill", "suggest:1"]],
     "after-a-start": [["--kill", "start:1"], ["--kill", "start:2"]],

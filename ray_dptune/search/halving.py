@@ -59,6 +59,7 @@ class HalvingSearcher(PrivateSearcher):
         self.rungs = rungs
         self._mechanism = Mechanism.halving(budget_units=budget_units, max_t=rungs.max_t)
         self._num_trials = budget_units // rungs.grace_period  # the most first segments the budget pays for
+        self.suggested_by_this_driver: set[str] = set()  # not saved: a restored driver starts empty
         if space is not None:
             self._set_space(space)
 
@@ -82,6 +83,7 @@ class HalvingSearcher(PrivateSearcher):
         self.record_event(
             {"type": "suggested", "trial_id": trial_id, "accounted": True, "units": self.rungs.grace_period}
         )
+        self.suggested_by_this_driver.add(trial_id)
 
     def privacy_details(self) -> dict[str, Any]:
         details = {
