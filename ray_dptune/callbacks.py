@@ -379,13 +379,21 @@ class PrivacyAccountantCallback(Callback):
         """O(1): the account keeps counters and caches the curve per count of charged attempts."""
         if not self._verbose or self._account.plan is None:
             return
-        guarantee = self._account.guarantee()
-        state = (guarantee.epsilon, self._account.trials_completed, guarantee.charged_attempts)
+        account = self._account
+        guarantee = account.guarantee()
+        state = (guarantee.epsilon, account.trials_completed, guarantee.charged_attempts, account.units_charged)
         if state != self._last_logged:
+            if account.mechanism.kind == "halving":  # the number of trials is not fixed: the budget is
+                done = (
+                    f"trials {state[1]} done; {state[3]}/{account.mechanism.params['budget_units']} time units charged"
+                )
+            else:
+                done = (
+                    f"trials {state[1]}/{self._searcher.num_trials} done; {state[2]} attempt(s) charged beyond the "
+                    "selection bound"
+                )
             print(
-                f"[ray_dptune] whole search: (ε = {guarantee.epsilon:.4g}, δ = {self._account.delta:g}); "
-                f"trials {state[1]}/{self._searcher.num_trials} done; {state[2]} attempt(s) charged beyond the "
-                "selection bound",
+                f"[ray_dptune] whole search: (ε = {guarantee.epsilon:.4g}, δ = {account.delta:g}); {done}",
                 flush=True,
             )
             self._last_logged = state

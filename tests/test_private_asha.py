@@ -282,3 +282,23 @@ def test_plain_asha_under_a_dp_searcher_is_refused_before_any_trial_on_legacy_tu
         )
     assert "AsyncHyperBandScheduler stops or pauses trials" in str(error.value)
     assert not os.path.exists(side)  # no trial ever started
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_example_runs_from_the_readme_within_its_budget(tmp_path):
+    import subprocess
+    import sys
+
+    import ray
+
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "private_asha.py")
+    args = ["--epochs", "3", "--budget-trials", "2", "--seed", "0", "--storage", str(tmp_path)]
+    environment = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    process = subprocess.run(
+        [sys.executable, example, *args], env=environment, capture_output=True, text=True, timeout=600
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert "in all 6 of a budget of 6" in process.stdout
+    report = json.loads((tmp_path / "dp_asha" / "privacy_report.json").read_text())
+    assert 2.99 < report["guarantee"]["epsilon"] <= 3.0  # calibrated to the budget, never above it
+    assert report["details"]["units_charged"] == 6

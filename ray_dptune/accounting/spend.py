@@ -70,7 +70,7 @@ class TrialSpend:
         Gaboardi 2018, by joint convexity) and at most as many steps. With score releases
         the bounds use the RDP curve alone, and the curves are compared order by order.
         """
-        if self.curve().mechanism is not None:
+        if self.score_releases == 0:  # the curve keeps its mechanism (cheap: no curve is built)
             return (
                 other.score_releases == 0
                 and other.noise_multiplier >= self.noise_multiplier
