@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -194,6 +195,20 @@ def test_the_scheduler_spends_its_budget_exactly_and_never_more():
     assert sum(ran.values()) == account.units_charged == 9  # the budget, spent to the last unit
     assert max(ran.values()) == MAX_T and min(ran.values()) == 1  # some went on, some stopped
     assert scheduler.searcher.privacy_details()["released_trial_id"] in {t for t, u in ran.items() if u == MAX_T}
+
+
+def test_the_searcher_state_keeps_the_rungs_and_the_draws():
+    scheduler = PrivateASHAScheduler(max_t=MAX_T, budget_trials=3, seed=0)
+    attached(scheduler)
+    first = scheduler.searcher.suggest("t0")
+    scheduler.on_trial_result(None, FakeTrial("t0"), {"training_iteration": 1, "score": 0.5})
+    state = pickle.loads(pickle.dumps(scheduler.searcher.get_state()))
+    again = PrivateASHAScheduler(max_t=MAX_T, budget_trials=3, seed=1)
+    attached(again)
+    again.searcher.set_state(state)
+    assert again.rungs.state() == scheduler.rungs.state() == {"1": {"t0": 0.5}, "3": {}}
+    assert again.searcher.suggest("t1") == scheduler.searcher.suggest("t1") != first
+    assert again.searcher.suggested_by_this_driver == {"t1"}  # a restored driver resumes none of the old trials
 
 
 def test_budget_and_knobs_are_checked_by_name():
