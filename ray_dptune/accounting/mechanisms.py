@@ -299,8 +299,14 @@ class KnownMechanism:
         """The smallest ε (to 1e-6 relative, rounded up) with δ(ε) <= ``delta`` on :meth:`profile`.
 
         The profile bounds the true δ(ε) from above and is non-increasing, so the bisection's
-        upper end is a valid ε. Raises ValueError when the PLD is out of reach.
+        upper end is a valid ε; for DP-SGD, dp_accounting reads ε off the pessimistic PLD
+        itself. Raises ValueError when the PLD is out of reach.
         """
+        if not self.is_gaussian:
+            self.profile()  # checks the arguments and builds (or refuses) the PLD
+            pld = _built_pld(self.sample_rate, self.noise_multiplier, self.steps, PROFILE_DISCRETIZATION)
+            with np.errstate(all="ignore"):
+                return float(pld.get_epsilon_for_delta(delta)) * (1.0 + 1e-12)
         profile = self.profile()
         low, high = 0.0, 1.0
         while profile(np.array([high]))[0] > delta:
