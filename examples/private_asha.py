@@ -22,7 +22,7 @@ import tempfile
 import ray
 from ray import tune
 
-from ray_dptune import PrivateASHAScheduler, private_tuner, release_best
+from ray_dptune import Poisson, PrivateASHAScheduler, private_tuner, release_best
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable
 
 SPACE = {"lr": tune.loguniform(0.05, 4.0), "max_grad_norm": tune.loguniform(0.1, 10.0)}
@@ -36,6 +36,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--grace", type=int, default=1, help="epochs every trial runs first (default 1)")
     parser.add_argument("--reduction-factor", type=float, default=3.0, help="η (default 3)")
     parser.add_argument("--budget-trials", type=float, default=3.0, help="budget in whole trials (default 3)")
+    parser.add_argument(
+        "--brackets-mean",
+        type=float,
+        default=None,
+        help="run K ~ Poisson(mean) independent brackets of --budget-trials each, release the best winner "
+        "(default: one bracket, every score covered)",
+    )
     parser.add_argument("--concurrency", type=int, default=2, help="trials at once (default 2)")
     parser.add_argument("--storage", default=None, help="experiment folder (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the configurations (default: secure)")
@@ -50,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         grace_period=args.grace,
         reduction_factor=args.reduction_factor,
         budget_trials=args.budget_trials,
+        repetitions=None if args.brackets_mean is None else Poisson(args.brackets_mean),
         metric="val_acc",
         mode="max",
         seed=args.seed,
@@ -69,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         released = release_best(results)
     epochs = [result.metrics.get("training_iteration", 0) for result in results]
     print()
+    brackets = asha.searcher.num_brackets
     print(
         f"Trials: {len(epochs)}; epochs each: {sorted(epochs, reverse=True)}; in all {sum(epochs)} "
-        f"of a budget of {int(args.budget_trials * args.epochs)}"
+        f"of a budget of {int(brackets * args.budget_trials * args.epochs)} ({brackets} bracket(s))"
     )
     print(f"Released: {released}")
     return 0

@@ -10,6 +10,10 @@ pays for their first segment. Every decision reads only released scores, so the 
 an adaptive composition of at most ``budget`` units of the trial plan (Mironov 2017,
 Prop. 1; a run that stops early is a post-processing of one padded to the budget): the
 search costs what one DP-SGD run of ``budget`` units' steps costs, whatever was stopped.
+
+Route two, ``repetitions=`` a law of K: K independent brackets of that budget, each
+deciding from its own scores, the best bracket winner released — Papernot & Steinke's
+random-count theorems with one bracket as the base mechanism.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from ray_dptune import validate
+from ray_dptune.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.halving import HalvingSearcher
 from ray_dptune.search.rungs import Rungs
@@ -53,8 +58,11 @@ class PrivateASHAScheduler(FIFOScheduler):
         max_t: time units of a whole trial (the plan's span, e.g. ``epochs``).
         grace_period: time units every trial runs before it can be stopped.
         reduction_factor: η: about 1 in η trials goes on at each milestone.
-        budget_trials: the budget, in whole trials (``max_t`` units each); it may be fractional
-            as long as it buys a whole number of units.
+        budget_trials: the budget of a bracket, in whole trials (``max_t`` units each); it may be
+            fractional as long as it buys a whole number of units.
+        repetitions: None (one bracket: every score is covered, the composition of the budget);
+            or a law of K such as ``Poisson(mean=4)``: K independent brackets, each deciding from its
+            own scores, the best bracket winner released (P&S Thms 2/6 over one bracket; purge the rest).
         time_attr: the reported counter of time units (``training_iteration`` by default).
         metric, mode: the score and its direction (default: ``tune.TuneConfig``'s).
         space: the Tune space (default: ``param_space``).
@@ -70,6 +78,7 @@ class PrivateASHAScheduler(FIFOScheduler):
         budget_trials: float,
         grace_period: int = 1,
         reduction_factor: float = 3,
+        repetitions: RunCountDistribution | None = None,
         time_attr: str = "training_iteration",
         metric: str | None = None,
         mode: str | None = None,
@@ -78,7 +87,7 @@ class PrivateASHAScheduler(FIFOScheduler):
     ):
         super().__init__()
         rungs = Rungs(grace_period=grace_period, reduction_factor=reduction_factor, max_t=max_t, mode=mode)
-        budget_units = float(budget_trials) * rungs.max_t if isinstance(budget_trials, (int, float)) else math.nan
+        budget_units = float(budget_trials) * max_t if isinstance(budget_trials, (int, float)) else math.nan
         if not (math.isfinite(budget_units) and budget_units == int(budget_units) and budget_units >= grace_period):
             raise ValueError(
                 f"budget_trials must buy a whole number of time units, at least grace_period = {grace_period}: "
@@ -88,7 +97,15 @@ class PrivateASHAScheduler(FIFOScheduler):
             raise ValueError(f"time_attr must be the name of a reported counter, got {time_attr!r}.")
         self.time_attr = time_attr
         self.searcher = HalvingSearcher(
-            rungs=rungs, budget_units=int(budget_units), metric=metric, mode=mode, space=space, seed=seed
+            grace_period=rungs.grace_period,
+            reduction_factor=rungs.reduction_factor,
+            max_t=rungs.max_t,
+            budget_units=int(budget_units),
+            repetitions=repetitions,
+            metric=metric,
+            mode=mode,
+            space=space,
+            seed=seed,
         )
         self.searcher.scheduler = self
         self._metric, self._mode = metric, mode
@@ -96,7 +113,8 @@ class PrivateASHAScheduler(FIFOScheduler):
 
     @property
     def rungs(self) -> Rungs:
-        return self.searcher.rungs
+        """The first bracket's rungs (every bracket has the same milestones)."""
+        return self.searcher.rungs[0]
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         """Takes Tune's metric and mode where none was given (the searcher's, once set, win)."""
@@ -104,7 +122,7 @@ class PrivateASHAScheduler(FIFOScheduler):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}.")
         self._metric = self._metric or self.searcher.metric or metric
         self._mode = self._mode or self.searcher.mode or mode
-        self.rungs.mode = self.rungs.mode or self._mode
+        self.searcher.set_mode(self._mode)
         return True
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
@@ -143,12 +161,12 @@ class PrivateASHAScheduler(FIFOScheduler):
                 charged_until,
             )
             return TrialScheduler.STOP  # the accountant raises PrivacyError for the spend
-        score = result.get(self._metric)
-        ranks = isinstance(score, (int, float)) and self.rungs.promotable(trial_id, time, float(score))
-        if time >= self.rungs.max_t or not ranks:
+        score, rungs = result.get(self._metric), self.searcher.rungs_of(trial_id)  # its bracket's rungs only
+        ranks = isinstance(score, (int, float)) and rungs.promotable(trial_id, time, float(score))
+        if time >= rungs.max_t or not ranks:
             return TrialScheduler.STOP
         try:
-            self.searcher.charge(trial_id, self.rungs.next_milestone(time) - time)
+            self.searcher.charge(trial_id, rungs.next_milestone(time) - time)
         except PrivacyError:
             logger.info(
                 "Trial %s ranks at %s = %d; the budget cannot pay for its next segment.", trial_id, self.time_attr, time

@@ -211,6 +211,51 @@ def test_the_searcher_state_keeps_the_rungs_and_the_draws():
     assert again.searcher.suggested_by_this_driver == {"t1"}  # a restored driver resumes none of the old trials
 
 
+def test_random_count_over_brackets_is_p_and_s_over_one_bracket_with_its_own_budget():
+    from ray_dptune import Poisson, repeat_and_select
+
+    law = Poisson(2)
+    mechanism = Mechanism.halving(budget_units=3, max_t=MAX_T, law=law, num_brackets=4)
+    account = SearchAccount(mechanism, delta=DELTA, plan=PLAN.to_dict())
+    bracket = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=3 * 20).curve()  # 3 units of 20 steps
+    assert account.guarantee().epsilon == pytest.approx(repeat_and_select(bracket, law).epsilon(delta=DELTA))
+    charge(account, {"type": "suggested", "trial_id": "a", "accounted": True, "units": 1, "bracket": 0})
+    charge(account, {"type": "charged", "trial_id": "a", "units": 2})
+    charge(account, {"type": "suggested", "trial_id": "b", "accounted": True, "units": 1, "bracket": 1})
+    with pytest.raises(PrivacyError, match="bracket 0 past its budget of 3"):
+        account.admit({"type": "suggested", "trial_id": "c", "accounted": True, "units": 1, "bracket": 0})
+    charge(account, {"type": "charged", "trial_id": "b", "units": 2})  # bracket 1 has its own budget
+    assert (account.bracket_units(0), account.bracket_units(1), account.units_charged) == (3, 3, 6)
+    with pytest.raises(ValueError, match="needs the law"):
+        Mechanism.halving(budget_units=3, max_t=MAX_T, num_brackets=2)
+
+
+def test_brackets_decide_from_their_own_scores_and_the_best_winner_is_released():
+    from ray_dptune import PointMass
+
+    scheduler = PrivateASHAScheduler(max_t=MAX_T, budget_trials=2, repetitions=PointMass(3), seed=0)
+    account = attached(scheduler)
+    reached, bracket_of = {}, {}
+    scores = [0.9, 0.8, 0.7, 0.1, 0.2, 0.3, 0.5, 0.4, 0.45] + [0.0] * 20
+    for n, score in enumerate(scores):
+        if scheduler.searcher.suggest(f"t{n}") == "FINISHED":
+            break
+        bracket_of[f"t{n}"] = len(scheduler.searcher.rungs) - 1
+        for time in range(1, MAX_T + 1):
+            reached[f"t{n}"] = time
+            if (
+                scheduler.on_trial_result(None, FakeTrial(f"t{n}"), {"training_iteration": time, "score": score})
+                == "STOP"
+            ):
+                break
+    assert scheduler.searcher.num_brackets == 3 and len(scheduler.searcher.rungs) == 3
+    assert [account.bracket_units(b) for b in range(3)] == [6, 6, 6]  # each bracket spends its own budget
+    firsts = [min((t for t in bracket_of if bracket_of[t] == b), key=lambda t: int(t[1:])) for b in range(3)]
+    assert all(reached[t] == MAX_T for t in firsts)  # the first in each bracket runs on: no other bracket's scores
+    assert scheduler.searcher.privacy_details()["released_trial_id"] == "t0"  # 0.9, bracket 0's winner
+    assert "released output only" in scheduler.searcher.coverage
+
+
 def test_budget_and_knobs_are_checked_by_name():
     with pytest.raises(ValueError, match="budget_trials"):
         PrivateASHAScheduler(max_t=3, budget_trials=0.5)  # 1.5 units
@@ -278,6 +323,29 @@ def test_in_tune_the_reported_epsilon_is_the_composition_of_every_unit_that_ran(
     finished = [r for r in results if r.metrics.get("training_iteration") == MAX_T]
     assert released.score == max(r.metrics["score"] for r in finished)
     assert report["details"]["units_charged"] == ran and report["details"]["budget_units"] == ran
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_in_tune_brackets_are_accounted_by_random_count_over_one_bracket(tmp_path):
+    from ray_dptune import PointMass, repeat_and_select
+
+    side = tmp_path / "side.log"
+    asha = PrivateASHAScheduler(max_t=MAX_T, budget_trials=1, repetitions=PointMass(2), seed=3)
+    accountant = PrivacyAccountantCallback(asha.searcher, delta=DELTA, plan=PLAN, verbose=False)
+    results = tune.Tuner(
+        halving_trainable,
+        param_space={**SPACE, "side_file": str(side)},
+        tune_config=private_tune_config(asha.searcher, metric="score", mode="max", max_concurrent_trials=2),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="brackets", callbacks=[accountant], verbose=0),
+    ).fit()
+    report = json.loads((tmp_path / "brackets" / "privacy_report.json").read_text())
+    bracket = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=MAX_T * 20).curve()
+    assert report["guarantee"]["epsilon"] == pytest.approx(
+        repeat_and_select(bracket, PointMass(2)).epsilon(delta=DELTA)
+    )
+    assert len(side.read_text().splitlines()) <= report["details"]["units_charged"] == 2 * MAX_T
+    assert report["details"]["brackets"] == 2
+    assert release_best(results).config["x"] in {r.config["x"] for r in results}
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from ray_dptune import validate
 from ray_dptune.accounting.guarantee import Guarantee
+from ray_dptune.accounting.halving_budget import HalvingBudget
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.selection import repeat_and_select
 from ray_dptune.accounting.spend import curve_from_report, parse_report, report_covers, unit_spend
@@ -86,20 +87,29 @@ class Mechanism:
         return cls("composition", {})
 
     @classmethod
-    def halving(cls, *, budget_units: int, max_t: int) -> Mechanism:
-        """Private successive halving: at most ``budget_units`` time units of trials, each ``1/max_t`` of the plan.
+    def halving(
+        cls, *, budget_units: int, max_t: int, law: RunCountDistribution | None = None, num_brackets: int = 1
+    ) -> Mechanism:
+        """Private successive halving: brackets of at most ``budget_units`` time units, a unit ``plan / max_t``.
 
-        Every segment of every trial is charged, before it runs, in units of ``time_attr``
-        (a unit is ``plan / max_t``: the DP-SGD steps and score releases of one epoch), and
-        no charge may take the total past the budget. Whatever the scheduler decides from
-        the released scores, the run is then a post-processing of ``budget_units`` units
-        composed adaptively (pad the run with unused units: Mironov 2017, Prop. 1; for
-        DP-SGD alone, the steps of one run of that length), so the bound is the budget's.
+        One bracket (``law`` None): the search costs ``budget_units`` units composed; K =
+        ``num_brackets`` ~ ``law`` independent brackets, the best winner released: P&S Thms
+        2/6 over that run (:mod:`~ray_dptune.accounting.halving_budget`).
         """
-        for name, value in (("budget_units", budget_units), ("max_t", max_t)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        return cls("halving", {"budget_units": budget_units, "max_t": max_t})
+        budget_units = validate.integer("budget_units", budget_units, minimum=1)
+        max_t = validate.integer("max_t", max_t, minimum=1)
+        num_brackets = validate.integer("num_brackets", num_brackets)
+        if law is None and num_brackets != 1:
+            raise ValueError(f"num_brackets = {num_brackets} needs the law it was drawn from (law=).")
+        return cls(
+            "halving",
+            {
+                "budget_units": budget_units,
+                "max_t": max_t,
+                "law": None if law is None else law.to_dict(),
+                "num_brackets": num_brackets,
+            },
+        )
 
     @property
     def cover_cap(self) -> int:
@@ -184,7 +194,7 @@ class SearchAccount:
         self._coverable = 0  # accounted trials whose last attempt is live or completed
         self._completed = 0  # accounted trials whose last attempt completed
         self._trials_completed = 0  # every trial whose last attempt completed
-        self._units = 0  # time units charged to every attempt (private successive halving)
+        self._budget = HalvingBudget(mechanism.params) if mechanism.kind == "halving" else None
         self._cache: dict[tuple, Any] = {}
         if plan is not None:
             self.apply({"type": "plan", "plan": dict(plan)})
@@ -213,7 +223,7 @@ class SearchAccount:
         units = self._units_added(event)
         if kind == "suggested":
             if trial_id not in self.trials:
-                self._new_attempt(trial_id, bool(event["accounted"]), "suggested", units)
+                self._new_attempt(trial_id, bool(event["accounted"]), "suggested", units, _bracket(event))
         elif kind == "started":
             trial = self.trials.get(trial_id)
             if trial is None:
@@ -226,7 +236,7 @@ class SearchAccount:
                 self._new_attempt(trial_id, trial.accounted, "started", units)
         elif kind == "charged":
             self.trials[trial_id].attempts[-1]["units"] += units
-            self._units += units
+            self._budget.add(trial_id, units, bracket=None)  # a promotion: the trial's own bracket
         elif kind == "reported":
             trial = self.trials.get(trial_id)
             if trial is None or trial.last not in LIVE_STATES:
@@ -242,22 +252,22 @@ class SearchAccount:
             raise ValueError(f"Unknown account event {kind!r}.")
 
     def admit(self, event: Mapping[str, Any]) -> None:
-        """Raises PrivacyError when ``event`` would charge a halving search past its budget (nothing changes)."""
-        if self.mechanism.kind != "halving":
+        """Raises PrivacyError when ``event`` would charge a halving bracket past its budget (nothing changes)."""
+        if self._budget is None:
             return
-        units, budget = self._units_added(event), self.mechanism.params["budget_units"]
-        if self._units + units > budget:
-            raise PrivacyError(
-                f"Charging {units} more time unit(s) to trial {event.get('trial_id')} would take the search past its "
-                f"budget of {budget} units ({self._units} charged): the segment must not run."
-            )
-        if event["type"] == "charged" and str(event["trial_id"]) not in self.trials:
-            raise ValueError(f"Cannot charge trial {event['trial_id']}: it was never suggested or started.")
+        trial_id = str(event.get("trial_id"))
+        if event["type"] == "charged" and trial_id not in self.trials:
+            raise ValueError(f"Cannot charge trial {trial_id}: it was never suggested or started.")
+        self._budget.check(trial_id, self._units_added(event), bracket=_bracket(event))
 
     @property
     def units_charged(self) -> int:
         """Time units charged so far (private successive halving; 0 otherwise)."""
-        return self._units
+        return 0 if self._budget is None else self._budget.total
+
+    def bracket_units(self, bracket: int) -> int:
+        """Time units charged to ``bracket`` of a halving search."""
+        return self._budget.units.get(bracket, 0)
 
     def units_of(self, trial_id: str) -> int:
         """Time units charged to the trial's current attempt: how far it may run."""
@@ -294,7 +304,7 @@ class SearchAccount:
     def guarantee(self, *, if_stopped_now: bool = False) -> Guarantee:
         """The whole search's (ε, δ): the mechanism's bound plus every charged attempt at its plan."""
         charged = self.charged_attempts(if_stopped_now=if_stopped_now)
-        key = ("guarantee", charged, self.selections, len(self.releases), self._units, self._plan_key())
+        key = ("guarantee", charged, self.selections, len(self.releases), self.units_charged, self._plan_key())
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._compute(charged)
@@ -341,13 +351,16 @@ class SearchAccount:
         )
 
     def _selection(self) -> tuple[RDPCurve, RDPCurve]:
-        key = ("selection", self.selections, self._units, self._plan_key())
+        key = (
+            "selection",
+            self.selections,
+            tuple(sorted(self._budget.units.items(), key=str)) if self._budget else None,
+            self._plan_key(),
+        )
         if key not in self._cache:
             plan_curve = curve_from_report(self.plan)
-            if self.mechanism.kind == "halving":  # the budget; more only if charges bypassed admit()
-                params = self.mechanism.params
-                units = max(params["budget_units"], self._units)
-                selection = unit_spend(self.plan, units_per_plan=params["max_t"]).repeated(units).curve()
+            if self._budget is not None:
+                selection = self._budget.curve(self.plan, generic=self.generic)
             else:
                 selection = self.mechanism.selection_curve(plan_curve, selections=self.selections, generic=self.generic)
             self._cache[key] = (plan_curve, selection)
@@ -355,13 +368,13 @@ class SearchAccount:
 
     def _units_added(self, event: Mapping[str, Any]) -> int:
         """The time units ``event`` charges in a halving search: a retry re-runs up to its segment's end."""
-        if self.mechanism.kind != "halving" or not self.trials.get(str(event.get("trial_id")), _Trial(True)).accounted:
+        if self._budget is None or not self.trials.get(str(event.get("trial_id")), _Trial(True)).accounted:
             return 0
         kind, trial = event["type"], self.trials.get(str(event.get("trial_id")))
         if kind == "charged" or (kind == "suggested" and trial is None):
             return validate.integer("units", event.get("units"), minimum=1)
-        if kind == "started" and trial is None:  # never suggested: it may run its whole plan
-            return int(self.mechanism.params["max_t"]) if event.get("accounted", True) else 0
+        if kind == "started" and trial is None:  # never suggested: it may run its whole plan, outside any bracket
+            return self._budget.max_t if event.get("accounted", True) else 0
         if kind == "started" and trial.last != "suggested":
             return trial.attempts[-1]["units"]
         return 0
@@ -369,11 +382,14 @@ class SearchAccount:
     def _plan_key(self) -> str | None:
         return None if self.plan is None else json.dumps(self.plan, sort_keys=True)
 
-    def _new_attempt(self, trial_id: str, accounted: bool, state: str, units: int = 0) -> None:
+    def _new_attempt(
+        self, trial_id: str, accounted: bool, state: str, units: int = 0, bracket: int | None = None
+    ) -> None:
         trial = self.trials.setdefault(trial_id, _Trial(accounted))
         self._count(trial, -1)
         trial.attempts.append({"state": state, "spent": None, "units": units})
-        self._units += units
+        if units:
+            self._budget.add(trial_id, units, bracket=bracket)
         if trial.accounted:
             self._attempts += 1
         self._count(trial, +1)
@@ -395,3 +411,8 @@ class SearchAccount:
             self._coverable += sign
         if last == "completed":
             self._completed += sign
+
+
+def _bracket(event: Mapping[str, Any]) -> int | None:
+    """The bracket a suggestion opens its trial in (0 by default); None for any other event."""
+    return int(event.get("bracket", 0)) if event["type"] == "suggested" else None

@@ -1,16 +1,21 @@
-"""HalvingSearcher: the configurations and the budget of private successive halving.
+"""HalvingSearcher: the configurations, brackets and budget of private successive halving.
 
 It is the searcher half of :class:`ray_dptune.PrivateASHAScheduler` (build it with
 the scheduler, which holds Tune's knobs): it draws configurations uniformly from the
 space, independently of every result, charges each new trial's first segment
-(``grace_period`` time units) to the account before returning it, and ends the search
-once the budget cannot pay for another first segment. The scheduler charges every
-promotion through :meth:`HalvingSearcher.charge`; the rung scores live here, so they
-are saved and restored with the searcher.
+(``grace_period`` time units) to the account before returning it, and moves on when
+the bracket's budget cannot pay for another first segment. The scheduler charges every
+promotion through :meth:`HalvingSearcher.charge`; the rung scores live here, one
+:class:`~ray_dptune.search.rungs.Rungs` per bracket, so they are saved and restored
+with the searcher.
 
-The bound is the budget's (``Mechanism.halving``): the whole run — every segment of
-every trial, stopped, failed or promoted, and every reported score — is a
-post-processing of ``budget_units`` units of the trial's plan composed adaptively.
+Two routes (``Mechanism.halving``, :mod:`~ray_dptune.accounting.halving_budget`):
+
+* one bracket: every segment of every trial and every score is covered, by the
+  composition of ``budget_units`` units;
+* ``repetitions`` = a law of K: K independent brackets (each decides from its own
+  scores only), the best bracket winner released, covered by P&S Thms 2/6 over one
+  bracket; the other trials' scores are then not covered (purge them).
 """
 
 from __future__ import annotations
@@ -18,98 +23,154 @@ from __future__ import annotations
 from typing import Any
 
 from ray_dptune.accounting.account import Mechanism
+from ray_dptune.distributions import RunCountDistribution, distribution_from_dict
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.rungs import Rungs
 from ray_dptune.search.space import sample_config
 
 __all__ = ["HalvingSearcher"]
 
+_COMPOSITION_COVERAGE = (
+    "The guarantee covers everything the search released: every trial's configuration (drawn independently "
+    "of the data), reported scores, checkpoints and the released best trial, as long as trials report nothing "
+    "but the score and the privacy records (adaptive composition of every segment within the budget)."
+)
+_BRACKETS_COVERAGE = (
+    "The guarantee covers the released output only: the best bracket winner's configuration, score and "
+    "checkpoint (release_best). The other trials' scores and which trials were stopped are not covered "
+    "(release_best(..., purge=True) deletes them)."
+)
+
 
 class HalvingSearcher(PrivateSearcher):
-    """Uniform configurations while the budget pays for a first segment; the rungs' record.
+    """Uniform configurations, bracket after bracket, while the budget pays for a first segment.
 
     Args:
-        rungs: the milestones and the recorded scores (the scheduler's).
-        budget_units: time units all trials together may run (``Mechanism.halving``).
+        grace_period, reduction_factor, max_t: the milestones (:class:`~ray_dptune.search.rungs.Rungs`).
+        budget_units: time units one bracket's trials together may run.
+        repetitions: None for one bracket; else the law K (the number of brackets) is drawn from, once.
         metric, mode, seed: as for every DP searcher.
         space: the Tune space (default: ``param_space``).
     """
 
     threat_model = (
         "training set: every segment of every trial runs DP-SGD within one plan, and every decision to stop "
-        "or promote a trial reads only its reported score (public validation data, or noised in the plan)"
+        "or promote a trial reads only its own bracket's reported scores (public validation data, or noised "
+        "in the plan)"
     )
-    coverage = (
-        "The guarantee covers everything the search released: every trial's configuration (drawn independently "
-        "of the data), reported scores, checkpoints and the released best trial, as long as trials report nothing "
-        "but the score and the privacy records (adaptive composition of every segment within the budget)."
-    )
+    coverage = _COMPOSITION_COVERAGE
 
     def __init__(
         self,
         *,
-        rungs: Rungs,
+        grace_period: int,
+        reduction_factor: float,
+        max_t: int,
         budget_units: int,
+        repetitions: RunCountDistribution | None = None,
         metric: str | None = None,
         mode: str | None = None,
         space: dict[str, Any] | None = None,
         seed: int | None = None,
     ):
         super().__init__(metric=metric, mode=mode, seed=seed)
-        self.rungs = rungs
-        self._mechanism = Mechanism.halving(budget_units=budget_units, max_t=rungs.max_t)
-        self._num_trials = budget_units // rungs.grace_period  # the most first segments the budget pays for
+        self._knobs = {"grace_period": grace_period, "reduction_factor": reduction_factor, "max_t": max_t}
+        self.rungs = [Rungs(**self._knobs, mode=mode)]  # one per bracket opened
+        if repetitions is not None and not isinstance(repetitions, RunCountDistribution):
+            raise TypeError(f"repetitions must be a law of K such as Poisson(mean=4), got {repetitions!r}.")
+        self._law = repetitions
+        brackets = 1 if repetitions is None else repetitions.sample(self._rng)  # drawn once, never again
+        self._mechanism = Mechanism.halving(
+            budget_units=budget_units, max_t=max_t, law=repetitions, num_brackets=brackets
+        )
+        self._num_trials = brackets * (budget_units // grace_period)  # the most first segments it pays for
+        if repetitions is not None:
+            self.coverage = _BRACKETS_COVERAGE
         self.suggested_by_this_driver: set[str] = set()  # not saved: a restored driver starts empty
         if space is not None:
             self._set_space(space)
 
+    @property
+    def num_brackets(self) -> int:
+        return self._mechanism.params["num_brackets"]
+
     def privacy_mechanism(self) -> Mechanism:
         return self._mechanism
 
+    def set_mode(self, mode: str | None) -> None:
+        """Sets the mode the rungs compare scores by, where none was given."""
+        self._mode = self._mode or mode
+        for rungs in self.rungs:
+            rungs.mode = rungs.mode or self._mode
+
+    def rungs_of(self, trial_id: str) -> Rungs:
+        """The rungs of the trial's bracket."""
+        return self.rungs[self._suggested[trial_id]["bracket"]] if trial_id in self._suggested else self.rungs[-1]
+
     def budget_left(self) -> int:
-        """Time units the budget can still pay for."""
-        return self._mechanism.params["budget_units"] - self.account().units_charged
+        """Time units the current bracket can still pay for."""
+        return self._mechanism.params["budget_units"] - self.account().bracket_units(len(self.rungs) - 1)
 
     def charge(self, trial_id: str, units: int) -> None:
         """Charges ``units`` more time units to a running trial (durably) before it may run them.
 
         Raises:
-            PrivacyError: the budget cannot pay for them (nothing is charged).
+            PrivacyError: its bracket's budget cannot pay for them (nothing is charged).
         """
         self.record_event({"type": "charged", "trial_id": trial_id, "units": int(units)})
 
     def record_suggestion(self, trial_id: str, config: dict[str, Any]) -> None:
         """Records the suggestion with its first segment's charge, before Tune may start it."""
         self.record_event(
-            {"type": "suggested", "trial_id": trial_id, "accounted": True, "units": self.rungs.grace_period}
+            {
+                "type": "suggested",
+                "trial_id": trial_id,
+                "accounted": True,
+                "units": self.rungs[-1].grace_period,
+                "bracket": len(self.rungs) - 1,
+            }
         )
         self.suggested_by_this_driver.add(trial_id)
 
     def privacy_details(self) -> dict[str, Any]:
         details = {
             "budget_units": self._mechanism.params["budget_units"],
-            "milestones": list(self.rungs.milestones),
-            "reduction_factor": self.rungs.reduction_factor,
+            "brackets": len(self.rungs) if self.num_brackets else 0,
+            "num_brackets": self.num_brackets,
+            "milestones": list(self.rungs[0].milestones),
+            "reduction_factor": self.rungs[0].reduction_factor,
         }
         if self.has_account:
             details["units_charged"] = self.account().units_charged
-        best = self.rungs.best()
-        if best is not None:
-            details["released_trial_id"] = best
+        winners = [(rungs.best_score(), rungs.best()) for rungs in self.rungs if rungs.best() is not None]
+        if winners:
+            details["released_trial_id"] = max(winners)[1]  # the best bracket winner
         return details
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Nothing to learn: configurations never depend on results (the scheduler ranks the scores)."""
 
     def _done(self) -> bool:
-        return self.budget_left() < self.rungs.grace_period
+        if self.num_brackets == 0:
+            return True
+        while self.budget_left() < self.rungs[-1].grace_period:
+            if len(self.rungs) >= self.num_brackets:
+                return True
+            self.rungs.append(Rungs(**self._knobs, mode=self._mode))  # the next bracket, independent
+        return False
 
     def _propose(self, trial_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
         config = sample_config(self._space, self._rng)
-        return config, config
+        return config, {"config": config, "bracket": len(self.rungs) - 1}
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"rungs": self.rungs.state()}
+        return {"rungs": [rungs.state() for rungs in self.rungs], "mechanism": self._mechanism.to_dict()}
 
     def _restore_extra(self, state: dict[str, Any]) -> None:
-        self.rungs.restore(state["rungs"])
+        self._mechanism = Mechanism.from_dict(state["mechanism"])  # K included: never redrawn
+        law = self._mechanism.params["law"]
+        self._law = None if law is None else distribution_from_dict(law)
+        self.rungs = []
+        for recorded in state["rungs"]:
+            self.rungs.append(Rungs(**self._knobs, mode=self._mode))
+            self.rungs[-1].restore(recorded)

@@ -79,6 +79,11 @@ class Rungs:
                 return max(recorded, key=recorded.__getitem__)
         return None
 
+    def best_score(self) -> float | None:
+        """The score of :meth:`best`, signed so that higher is better (None when nothing is recorded)."""
+        best = self.best()
+        return None if best is None else self._scores[self.reached(best)][best]
+
     def reached(self, trial_id: str) -> int:
         """The highest milestone at which ``trial_id`` has a recorded score (0 if none)."""
         return max((m for m in self.milestones if trial_id in self._scores[m]), default=0)

@@ -1,0 +1,66 @@
+"""The budget of private successive halving: time units charged per bracket, and its bound.
+
+A halving search runs brackets of asynchronous successive halving. Each bracket may
+charge at most ``budget_units`` time units (a unit is ``plan / max_t``: one epoch's
+DP-SGD steps and score releases), and every unit is charged before it runs. Whatever a
+bracket decides from its own released scores, it is then a post-processing of
+``budget_units`` units composed adaptively (pad it with unused units: Mironov 2017,
+Prop. 1; DP-SGD alone: one run of that many steps, whose exact PLD profile and
+trade-off apply). So:
+
+* one bracket (``law`` None): the search costs ``budget_units`` units composed;
+* K ~ ``law`` independent brackets, the best bracket's winner released: Papernot &
+  Steinke 2022, Thms 2/6 with that run as the base mechanism (``repeat_and_select``).
+
+Units charged outside any bracket (a trial Tune started that the searcher never
+suggested) are composed on top at the units charged to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.selection import repeat_and_select
+from ray_dptune.accounting.spend import unit_spend
+from ray_dptune.distributions import distribution_from_dict
+from ray_dptune.errors import PrivacyError
+
+__all__ = ["HalvingBudget"]
+
+
+class HalvingBudget:
+    """Units charged per bracket (and outside any) of one halving search's account."""
+
+    def __init__(self, params: Mapping[str, Any]):
+        self.budget_units = int(params["budget_units"])
+        self.max_t = int(params["max_t"])
+        self.law = None if params.get("law") is None else distribution_from_dict(params["law"])
+        self.units: dict[int | None, int] = {}  # bracket (None: outside any) -> units charged
+        self.bracket_of: dict[str, int | None] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.units.values())
+
+    def check(self, trial_id: str, units: int, *, bracket: int | None) -> None:
+        """Raises PrivacyError when charging ``units`` would take the trial's bracket past its budget."""
+        bracket = self.bracket_of.get(trial_id, bracket)
+        if bracket is not None and self.units.get(bracket, 0) + units > self.budget_units:
+            raise PrivacyError(
+                f"Charging {units} more time unit(s) to trial {trial_id} would take bracket {bracket} past its budget "
+                f"of {self.budget_units} units ({self.units.get(bracket, 0)} charged): the segment must not run."
+            )
+
+    def add(self, trial_id: str, units: int, *, bracket: int | None) -> None:
+        bracket = self.bracket_of.setdefault(trial_id, bracket)
+        self.units[bracket] = self.units.get(bracket, 0) + units
+
+    def curve(self, plan: Mapping[str, Any], *, generic: bool) -> RDPCurve:
+        """The search's curve: its brackets' bound, plus units charged outside any bracket."""
+        unit = unit_spend(plan, units_per_plan=self.max_t)
+        bracket = unit.repeated(max([self.budget_units, *(u for b, u in self.units.items() if b is not None)]))
+        curve = bracket.curve() if self.law is None else repeat_and_select(bracket.curve(), self.law, generic=generic)
+        outside = self.units.get(None, 0)
+        return curve + unit.repeated(outside).curve() if outside else curve
