@@ -179,10 +179,12 @@ def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
     ledger_path = tmp_path / "ledger.db"
     kills = [["--kill", "result:3"], ["--kill", "start:1"], ["--kill-after", "0.3"]]
     report, starts, killed = drive(tmp_path, "ledgered", kills, extra=["--ledger", str(ledger_path)])
-    assert killed >= 2
+    assert killed >= 2 or (killed >= 1 and report is None)  # (None: a kill cut Ray's own state: no restore)
     total = PrivacyLedger(ledger_path).dataset_epsilon("kills", delta=DELTA)
     assert total >= implied_epsilon(len(starts), 3) * (1 - 1e-12)  # the ledger alone never under-counts
-    if report is not None:  # (None: a kill cut Ray's own state files and Tune could not restore)
+    if report is None:
+        audit_journal(tmp_path / "ledgered", starts, k=3)
+    else:
         audit(report, starts, k=3)
         assert total == pytest.approx(report["guarantee"]["epsilon"], rel=1e-9)
 
