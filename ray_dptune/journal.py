@@ -3,7 +3,7 @@
 One SQLite file per experiment (``privacy_journal.db`` in the experiment folder). It
 holds the search's record (its id, mechanism, δ, plan) and the append-only list of
 account events (:meth:`ray_dptune.accounting.account.SearchAccount.apply`). Events that
-can add privacy cost — a suggestion, an attempt start, a restore, a selection or release
+can add privacy cost — a suggestion, an attempt start, a halving charge, a restore, a selection or release
 by the searcher, the plan — are committed with ``synchronous=FULL`` *before* Tune may
 hand the trial to a worker; the rest (reports, completions, failures) with ``NORMAL``,
 since losing one only leaves an attempt live, and a live attempt of an earlier driver is
@@ -42,7 +42,7 @@ CREATE TABLE events (
     event TEXT NOT NULL
 )
 """
-DURABLE_EVENTS = frozenset({"suggested", "started", "restored", "selection", "release", "plan"})
+DURABLE_EVENTS = frozenset({"suggested", "started", "charged", "restored", "selection", "release", "plan"})
 
 
 class SearchJournal:

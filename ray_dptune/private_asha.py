@@ -162,6 +162,8 @@ class PrivateASHAScheduler(FIFOScheduler):
             )
             return TrialScheduler.STOP  # the accountant raises PrivacyError for the spend
         score, rungs = result.get(self._metric), self.searcher.rungs_of(trial_id)  # its bracket's rungs only
+        if rungs is None:  # not in the searcher's (restored) record: no bracket may rank it
+            return TrialScheduler.STOP
         ranks = isinstance(score, (int, float)) and rungs.promotable(trial_id, time, float(score))
         if time >= rungs.max_t or not ranks:
             return TrialScheduler.STOP

@@ -151,6 +151,40 @@ def test_the_journal_rebuilds_the_same_charges(tmp_path):
     assert rebuilt.guarantee().epsilon == account.guarantee().epsilon
 
 
+def test_a_charge_is_synced_to_disk_before_the_segment_may_run(tmp_path, monkeypatch):
+    from ray_dptune.store import SQLiteStore
+
+    journal = SearchJournal(tmp_path / "journal.db")
+    journal.begin("s", {"mechanism": Mechanism.halving(budget_units=9, max_t=MAX_T).to_dict(), "delta": DELTA})
+    synced = []
+    transaction = SQLiteStore.transaction
+    monkeypatch.setattr(
+        SQLiteStore,
+        "transaction",
+        lambda self, *, durable: synced.append(durable) or transaction(self, durable=durable),
+    )
+    journal.append([{"type": "charged", "trial_id": "a", "units": 2}])
+    journal.append([{"type": "reported", "trial_id": "a", "spent": PLAN.to_dict()}])
+    assert synced == [True, False]  # synchronous=FULL for the charge; a report may wait
+
+
+def test_a_trial_that_ran_past_its_charge_is_charged_what_it_ran_even_past_the_budget():
+    account = halving_account(budget_units=3)
+    charge(account, {"type": "suggested", "trial_id": "a", "accounted": True, "units": 3})
+    before = account.guarantee().epsilon
+    over = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=5 * 20 - 7)  # 4.65 units: 5 charged
+    assert account.within_charge("a", over.to_dict()) is False
+    account.apply({"type": "reported", "trial_id": "a", "spent": over.to_dict()})
+    assert account.units_of("a") == 5 and account.units_charged == 5
+    ran = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=5 * 20).curve()
+    assert account.guarantee().epsilon == pytest.approx(ran.mechanism.epsilon(delta=DELTA))
+    assert account.guarantee().epsilon > before
+    less_noise = TrialSpend(sample_rate=0.05, noise_multiplier=1.0, steps=20)  # not a number of units: whole plan
+    account.apply({"type": "suggested", "trial_id": "b", "accounted": True, "units": 1})
+    account.apply({"type": "reported", "trial_id": "b", "spent": less_noise.to_dict()})
+    assert account.units_of("b") == MAX_T
+
+
 def test_a_plan_that_does_not_split_into_max_t_units_is_refused():
     account = SearchAccount(
         Mechanism.halving(budget_units=6, max_t=4),
@@ -256,6 +290,15 @@ def test_brackets_decide_from_their_own_scores_and_the_best_winner_is_released()
     assert "released output only" in scheduler.searcher.coverage
 
 
+def test_a_trial_the_searcher_never_suggested_is_stopped_not_ranked():
+    scheduler = PrivateASHAScheduler(max_t=MAX_T, budget_trials=3, seed=0)
+    account = attached(scheduler)
+    account.apply({"type": "started", "trial_id": "stranger", "accounted": True})  # charged its whole plan
+    result = {"training_iteration": MAX_T, "score": 1.0}
+    assert scheduler.on_trial_result(None, FakeTrial("stranger"), result) == "STOP"
+    assert scheduler.rungs.best() is None
+
+
 def test_budget_and_knobs_are_checked_by_name():
     with pytest.raises(ValueError, match="budget_trials"):
         PrivateASHAScheduler(max_t=3, budget_trials=0.5)  # 1.5 units
@@ -299,17 +342,23 @@ def halving_trainable(config):
         tune.report({"score": 1.0 - order / 100, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
 
 
-@pytest.mark.usefixtures("ray_session")
-def test_in_tune_the_reported_epsilon_is_the_composition_of_every_unit_that_ran(tmp_path):
-    side = tmp_path / "side.log"
-    asha = PrivateASHAScheduler(max_t=MAX_T, grace_period=1, reduction_factor=3, budget_trials=4, seed=3)
+def tune_halving(tmp_path, name, asha):
+    """Runs ``halving_trainable`` under ``asha`` in Tune (2 at a time); returns the results and the side file."""
+    side = tmp_path / f"{name}.side"
     accountant = PrivacyAccountantCallback(asha.searcher, delta=DELTA, plan=PLAN, verbose=False)
     results = tune.Tuner(
         halving_trainable,
         param_space={**SPACE, "side_file": str(side)},
         tune_config=private_tune_config(asha.searcher, metric="score", mode="max", max_concurrent_trials=2),
-        run_config=tune.RunConfig(storage_path=str(tmp_path), name="asha", callbacks=[accountant], verbose=0),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name=name, callbacks=[accountant], verbose=0),
     ).fit()
+    return results, side
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_in_tune_the_reported_epsilon_is_the_composition_of_every_unit_that_ran(tmp_path):
+    asha = PrivateASHAScheduler(max_t=MAX_T, grace_period=1, reduction_factor=3, budget_trials=4, seed=3)
+    results, side = tune_halving(tmp_path, "asha", asha)
     lines = [line.split() for line in side.read_text().splitlines()]
     ran = len(lines)
     assert ran == 4 * MAX_T  # the budget was spent to the last unit, failed trials' units included
@@ -329,15 +378,8 @@ def test_in_tune_the_reported_epsilon_is_the_composition_of_every_unit_that_ran(
 def test_in_tune_brackets_are_accounted_by_random_count_over_one_bracket(tmp_path):
     from ray_dptune import PointMass, repeat_and_select
 
-    side = tmp_path / "side.log"
     asha = PrivateASHAScheduler(max_t=MAX_T, budget_trials=1, repetitions=PointMass(2), seed=3)
-    accountant = PrivacyAccountantCallback(asha.searcher, delta=DELTA, plan=PLAN, verbose=False)
-    results = tune.Tuner(
-        halving_trainable,
-        param_space={**SPACE, "side_file": str(side)},
-        tune_config=private_tune_config(asha.searcher, metric="score", mode="max", max_concurrent_trials=2),
-        run_config=tune.RunConfig(storage_path=str(tmp_path), name="brackets", callbacks=[accountant], verbose=0),
-    ).fit()
+    results, side = tune_halving(tmp_path, "brackets", asha)
     report = json.loads((tmp_path / "brackets" / "privacy_report.json").read_text())
     bracket = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=MAX_T * 20).curve()
     assert report["guarantee"]["epsilon"] == pytest.approx(

@@ -30,7 +30,7 @@ from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.halving_budget import HalvingBudget
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.spend import curve_from_report, parse_report, report_covers, unit_spend
+from ray_dptune.accounting.spend import curve_from_report, parse_report
 from ray_dptune.accounting.svt import svt_curve
 from ray_dptune.distributions import RunCountDistribution, distribution_from_dict
 from ray_dptune.errors import PrivacyError
@@ -101,15 +101,9 @@ class Mechanism:
         num_brackets = validate.integer("num_brackets", num_brackets)
         if law is None and num_brackets != 1:
             raise ValueError(f"num_brackets = {num_brackets} needs the law it was drawn from (law=).")
-        return cls(
-            "halving",
-            {
-                "budget_units": budget_units,
-                "max_t": max_t,
-                "law": None if law is None else law.to_dict(),
-                "num_brackets": num_brackets,
-            },
-        )
+        law_record = None if law is None else law.to_dict()
+        params = {"budget_units": budget_units, "max_t": max_t, "law": law_record, "num_brackets": num_brackets}
+        return cls("halving", params)
 
     @property
     def cover_cap(self) -> int:
@@ -244,6 +238,7 @@ class SearchAccount:
                 trial = self.trials[trial_id]
             trial.attempts[-1]["spent"] = event.get("spent")
             self._set_state(trial_id, "reporting")
+            self._charge_overrun(trial_id, event.get("spent"))
         elif kind in ("completed", "failed"):
             trial = self.trials.get(trial_id)
             if trial is not None and trial.last in LIVE_STATES:
@@ -276,10 +271,10 @@ class SearchAccount:
 
     def within_charge(self, trial_id: str, spent: Mapping[str, Any]) -> bool:
         """True unless a halving search's trial reports spending more than its charged units of the plan."""
-        if self.mechanism.kind != "halving" or self.plan is None:
+        if self._budget is None or self.plan is None:
             return True
-        unit = unit_spend(self.plan, units_per_plan=self.mechanism.params["max_t"])
-        return report_covers(unit.repeated(self.units_of(trial_id)).to_dict(), spent)
+        needed = self._budget.units_needed(self.plan, spent)
+        return needed is not None and needed <= self.units_of(trial_id)
 
     def restored(self) -> None:
         """A new driver took over: every live attempt's fate is unknown, so it is charged."""
@@ -366,18 +361,24 @@ class SearchAccount:
             self._cache[key] = (plan_curve, selection)
         return self._cache[key]
 
+    def _charge_overrun(self, trial_id: str, spent: Any) -> None:
+        """Charges a halving trial for units it reports having run beyond its charge (it ran them)."""
+        trial = self.trials[trial_id]
+        if self._budget is None or self.plan is None or not trial.accounted:
+            return
+        needed = self._budget.units_needed(self.plan, spent)
+        extra = (self._budget.max_t if needed is None else needed) - trial.attempts[-1]["units"]
+        if extra > 0:
+            trial.attempts[-1]["units"] += extra
+            self._budget.add(trial_id, extra, bracket=None)
+
     def _units_added(self, event: Mapping[str, Any]) -> int:
-        """The time units ``event`` charges in a halving search: a retry re-runs up to its segment's end."""
-        if self._budget is None or not self.trials.get(str(event.get("trial_id")), _Trial(True)).accounted:
+        """The time units ``event`` charges in a halving search (0 otherwise)."""
+        trial = self.trials.get(str(event.get("trial_id")))
+        if self._budget is None or (trial is not None and not trial.accounted):
             return 0
-        kind, trial = event["type"], self.trials.get(str(event.get("trial_id")))
-        if kind == "charged" or (kind == "suggested" and trial is None):
-            return validate.integer("units", event.get("units"), minimum=1)
-        if kind == "started" and trial is None:  # never suggested: it may run its whole plan, outside any bracket
-            return self._budget.max_t if event.get("accounted", True) else 0
-        if kind == "started" and trial.last != "suggested":
-            return trial.attempts[-1]["units"]
-        return 0
+        last = None if trial is None else (trial.last, trial.attempts[-1]["units"])
+        return self._budget.units_added(event, last)
 
     def _plan_key(self) -> str | None:
         return None if self.plan is None else json.dumps(self.plan, sort_keys=True)

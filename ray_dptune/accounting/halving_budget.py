@@ -13,17 +13,21 @@ trade-off apply). So:
   Steinke 2022, Thms 2/6 with that run as the base mechanism (``repeat_and_select``).
 
 Units charged outside any bracket (a trial Tune started that the searcher never
-suggested) are composed on top at the units charged to them.
+suggested) are composed on top at the units charged to them. A trial that reports
+spending more units than were charged to it has them charged when the report arrives,
+past the budget if need be (the bracket's bound then grows to what it ran).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.spend import unit_spend
+from ray_dptune.accounting.spend import TrialSpend, parse_report, report_covers, unit_spend
 from ray_dptune.distributions import distribution_from_dict
 from ray_dptune.errors import PrivacyError
 
@@ -44,6 +48,20 @@ class HalvingBudget:
     def total(self) -> int:
         return sum(self.units.values())
 
+    def units_added(self, event: Mapping[str, Any], last: tuple[str, int] | None) -> int:
+        """Units ``event`` charges; ``last``: (state, units) of the trial's current attempt, None for a new trial.
+
+        A suggestion charges its first segment, a promotion its next one; a trial started
+        without a suggestion may run its whole plan (outside any bracket); a retried or
+        restarted attempt may re-run everything charged to the attempt before it.
+        """
+        kind = event["type"]
+        if kind == "charged" or (kind == "suggested" and last is None):
+            return validate.integer("units", event.get("units"), minimum=1)
+        if kind == "started" and last is None:
+            return self.max_t if event.get("accounted", True) else 0
+        return last[1] if kind == "started" and last[0] != "suggested" else 0
+
     def check(self, trial_id: str, units: int, *, bracket: int | None) -> None:
         """Raises PrivacyError when charging ``units`` would take the trial's bracket past its budget."""
         bracket = self.bracket_of.get(trial_id, bracket)
@@ -56,6 +74,21 @@ class HalvingBudget:
     def add(self, trial_id: str, units: int, *, bracket: int | None) -> None:
         bracket = self.bracket_of.setdefault(trial_id, bracket)
         self.units[bracket] = self.units.get(bracket, 0) + units
+
+    def units_needed(self, plan: Mapping[str, Any], spent: Any) -> int | None:
+        """The fewest units of ``plan`` whose charge covers the ``spent`` report; None when none does.
+
+        None: the spend is not DP-SGD at the plan's σ and q (its cost is not a number of units).
+        """
+        unit = unit_spend(plan, units_per_plan=self.max_t)
+        parsed = parse_report(spent)
+        if not isinstance(parsed, TrialSpend):
+            return None
+        counts = [(parsed.steps, unit.steps), (parsed.score_releases, unit.score_releases)]
+        if any(used and not per_unit for used, per_unit in counts):
+            return None
+        needed = max(math.ceil(used / per_unit) for used, per_unit in counts if per_unit)
+        return needed if report_covers(unit.repeated(needed).to_dict(), spent) else None
 
     def curve(self, plan: Mapping[str, Any], *, generic: bool) -> RDPCurve:
         """The search's curve: its brackets' bound, plus units charged outside any bracket."""

@@ -103,9 +103,9 @@ class HalvingSearcher(PrivateSearcher):
         for rungs in self.rungs:
             rungs.mode = rungs.mode or self._mode
 
-    def rungs_of(self, trial_id: str) -> Rungs:
-        """The rungs of the trial's bracket."""
-        return self.rungs[self._suggested[trial_id]["bracket"]] if trial_id in self._suggested else self.rungs[-1]
+    def rungs_of(self, trial_id: str) -> Rungs | None:
+        """The rungs of the trial's bracket; None for a trial this search does not know (stop it)."""
+        return self.rungs[self._suggested[trial_id]["bracket"]] if trial_id in self._suggested else None
 
     def budget_left(self) -> int:
         """Time units the current bracket can still pay for."""
