@@ -193,28 +193,6 @@ def test_subsampled_profile_accepts_any_order_of_epsilons():
     np.testing.assert_array_equal(profile(eps), profile(np.sort(eps))[[2, 0, 1]])
 
 
-def test_subsampled_gaussian_on_the_thinned_grid_is_conservative():
-    """Above 64 only every 4th order is computed; the others take the next one up."""
-    from ray_dptune.accounting import mechanisms
-
-    thinned = mechanisms.subsampled_gaussian_rdp(
-        sample_rate=0.01, noise_multiplier=0.9, steps=200, orders=DEFAULT_ORDERS
-    )
-    full = np.array(
-        [
-            mechanisms.subsampled_gaussian_rdp(sample_rate=0.01, noise_multiplier=0.9, steps=200, orders=np.array([a]))[
-                0
-            ]
-            for a in DEFAULT_ORDERS[::7]
-        ]
-    )
-    assert np.all(thinned[::7] >= full * (1 - 1e-12))
-    dense = DEFAULT_ORDERS[::7] <= 64
-    np.testing.assert_allclose(thinned[::7][dense], full[dense], rtol=1e-12)
-    assert np.all(np.isinf(thinned[DEFAULT_ORDERS > 1024]))
-    assert np.all(np.diff(thinned[(DEFAULT_ORDERS > 64) & (DEFAULT_ORDERS <= 1024)]) >= 0)
-
-
 def test_dominates_is_conservative_across_grids():
     plan = RDPCurve([2.0, 4.0, 8.0], [0.2, 0.4, 0.8])
     assert plan.dominates(RDPCurve([2.0, 4.0, 8.0], [0.2, 0.39, 0.8]))
@@ -226,8 +204,17 @@ def test_dominates_is_conservative_across_grids():
 
 
 def test_dp_accounting_convergence_failures_are_not_logged_per_order(caplog):
-    """q = 1/15, σ = 1: dp_accounting cannot sum its series at ~100 fractional orders (they stay inf)."""
+    """q = 1/15, σ = 1: dp_accounting cannot sum its series at ~100 fractional orders; the Gaussian bounds them."""
+    from ray_dptune.accounting.adaptive_orders import dp_accounting_step_rdp
+
+    unsummed = np.isinf(dp_accounting_step_rdp(sample_rate=1 / 15 + 1e-9, noise_multiplier=1.0, orders=DEFAULT_ORDERS))
     with caplog.at_level("WARNING"):
-        curve = RDPCurve.subsampled_gaussian(sample_rate=1 / 15 + 1e-9, noise_multiplier=1.0, steps=10)
+        dense = RDPCurve.subsampled_gaussian(
+            sample_rate=1 / 15 + 1e-9, noise_multiplier=1.0, steps=10, orders=DEFAULT_ORDERS
+        )
+        adaptive = RDPCurve.subsampled_gaussian(sample_rate=1 / 15 + 1e-9, noise_multiplier=1.0, steps=10)
     assert not [record for record in caplog.records if "failed to converge" in record.getMessage()]
-    assert np.isinf(curve.epsilons).sum() > 50 and math.isfinite(curve.epsilon(delta=1e-5))
+    assert unsummed.sum() > 50
+    gaussian = RDPCurve.gaussian(noise_multiplier=1.0).epsilons * 10
+    np.testing.assert_array_equal(dense.epsilons[unsummed], gaussian[unsummed])
+    assert math.isfinite(dense.epsilon(delta=1e-5)) and math.isfinite(adaptive.epsilon(delta=1e-5))

@@ -16,12 +16,11 @@ import numpy as np
 from scipy import special
 
 from ray_dptune import validate
+from ray_dptune.accounting import adaptive_orders
 
 logger = logging.getLogger(__name__)
 
 SUBSAMPLED_GAUSSIAN_MAX_ORDER = 1024.0
-SUBSAMPLED_GAUSSIAN_DENSE_UP_TO = 64.0
-SUBSAMPLED_GAUSSIAN_THINNING = 4
 DP_ACCOUNTING_NOISE_RANGE = (1e-150, 1e150)
 """σ where dp_accounting's RDP series runs (σ² a normal double); outside, the unsubsampled Gaussian bounds it."""
 PLD_MAX_NOISE = 1e100
@@ -75,7 +74,7 @@ def pure_dp_rdp(*, epsilon: float, orders: np.ndarray) -> np.ndarray:
 
 
 def subsampled_gaussian_rdp(
-    *, sample_rate: float, noise_multiplier: float, steps: int, orders: np.ndarray
+    *, sample_rate: float, noise_multiplier: float, steps: int, orders: np.ndarray, adaptive: bool = False
 ) -> np.ndarray:
     """RDP of ``steps`` Poisson-subsampled Gaussian steps (DP-SGD), add/remove-one.
 
@@ -83,10 +82,9 @@ def subsampled_gaussian_rdp(
     bounds both directions of the divergence. Its series for fractional orders does
     not converge reliably far above ``SUBSAMPLED_GAUSSIAN_MAX_ORDER``; higher orders
     get ``inf`` ("no bound"), which is always valid and never the optimum for DP-SGD
-    at practical δ. Above ``SUBSAMPLED_GAUSSIAN_DENSE_UP_TO``, where each order costs
-    most and DP-SGD's optimum rarely lies, only every ``SUBSAMPLED_GAUSSIAN_THINNING``-th
-    order is computed; the others take the value of the next computed order up,
-    valid because D_α is non-decreasing in α (van Erven & Harremos 2014, Thm 3).
+    at practical δ. ``adaptive``: compute only the orders that can move a result and
+    bound the others by convexity (:mod:`ray_dptune.accounting.adaptive_orders`);
+    else every order up to the maximum is computed.
     """
     sample_rate, noise_multiplier, steps = _check_dpsgd(sample_rate, noise_multiplier, steps)
     orders = np.asarray(orders, dtype=float)
@@ -95,47 +93,29 @@ def subsampled_gaussian_rdp(
     low, high = DP_ACCOUNTING_NOISE_RANGE
     if not low <= noise_multiplier <= high:  # subsampling never costs more than the full batch
         return _composed(gaussian_rdp(noise_multiplier=noise_multiplier, orders=orders), steps)
-    computed = _computed_orders(orders)
-    epsilons = np.full(orders.shape, np.inf)
-    if computed.any():
-        known_orders = orders[computed]
-        known = _dp_accounting_rdp(sample_rate, noise_multiplier, known_orders)
-        # NaN or a negative RDP is rounding noise of dp_accounting's series: the Gaussian bound replaces it.
-        known = np.where(
-            np.isnan(known) | (known < 0), gaussian_rdp(noise_multiplier=noise_multiplier, orders=known_orders), known
+    gaussian = gaussian_rdp(noise_multiplier=noise_multiplier, orders=orders)
+    if adaptive:
+        moments = adaptive_orders.subsampled_gaussian_step_moments(
+            sample_rate=sample_rate,
+            noise_multiplier=noise_multiplier,
+            steps=steps,
+            orders=orders,
+            max_order=SUBSAMPLED_GAUSSIAN_MAX_ORDER,
         )
-        fill = (orders <= SUBSAMPLED_GAUSSIAN_MAX_ORDER) & ~computed
-        epsilons[computed] = known
-        epsilons[fill] = known[np.searchsorted(known_orders, orders[fill], side="left")]
+        with np.errstate(invalid="ignore"):
+            epsilons = np.where(orders <= SUBSAMPLED_GAUSSIAN_MAX_ORDER, moments / (orders - 1.0), np.inf)
+    else:
+        epsilons = np.full(orders.shape, np.inf)
+        computed = orders <= SUBSAMPLED_GAUSSIAN_MAX_ORDER
+        if computed.any():
+            epsilons[computed] = adaptive_orders.dp_accounting_step_rdp(
+                sample_rate=sample_rate, noise_multiplier=noise_multiplier, orders=orders[computed]
+            )
+    # NaN or a negative RDP is rounding noise of dp_accounting's series. The full batch's Gaussian bounds every
+    # order: Rényi divergence is jointly quasi-convex (van Erven & Harremos 2014), and each mixture component's
+    # divergence is 0 or the Gaussian's.
+    epsilons = np.where(np.isnan(epsilons) | (epsilons < 0), gaussian, np.minimum(epsilons, gaussian))
     return _composed(epsilons, steps)
-
-
-def _dp_accounting_rdp(sample_rate: float, noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
-    """dp_accounting's RDP of one Poisson-subsampled Gaussian step at ``orders``."""
-    from dp_accounting import dp_event  # imported here: dp_accounting takes ~1.5 s to import
-    from dp_accounting.rdp import rdp_privacy_accountant
-
-    accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders))
-    event = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier))
-    absl_logger = logging.getLogger("absl")  # dp_accounting logs a line per order whose series it cannot sum
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    try:
-        with np.errstate(all="ignore"):
-            accountant.compose(event, 1)
-    finally:
-        absl_logger.setLevel(level)
-    rdp = np.asarray(accountant.rdp, dtype=float)
-    if not np.all(np.isfinite(rdp)):  # those orders are inf: no bound claimed there, never an optimistic one
-        missing = int(np.sum(~np.isfinite(rdp)))
-        logger.debug(
-            "dp_accounting: no finite RDP at %d of %d orders (q=%g, σ=%g).",
-            missing,
-            rdp.size,
-            sample_rate,
-            noise_multiplier,
-        )
-    return rdp
 
 
 def _composed(epsilons: np.ndarray, steps: int) -> np.ndarray:
@@ -143,16 +123,6 @@ def _composed(epsilons: np.ndarray, steps: int) -> np.ndarray:
     factor = float(steps) if steps < 2**1000 else math.inf
     with np.errstate(over="ignore"):
         return _no_underflow(factor * _no_underflow(epsilons))
-
-
-def _computed_orders(orders: np.ndarray) -> np.ndarray:
-    """Orders computed exactly: all up to the dense limit, then a thinned set up to the max."""
-    dense = orders <= SUBSAMPLED_GAUSSIAN_DENSE_UP_TO
-    sparse = np.flatnonzero((orders > SUBSAMPLED_GAUSSIAN_DENSE_UP_TO) & (orders <= SUBSAMPLED_GAUSSIAN_MAX_ORDER))
-    chosen = sparse[::-1][::SUBSAMPLED_GAUSSIAN_THINNING]  # from the top, so the largest is computed
-    mask = dense.copy()
-    mask[chosen] = True
-    return mask
 
 
 def _check_dpsgd(sample_rate: float, noise_multiplier: float, steps: int) -> tuple[float, float, int]:
@@ -355,6 +325,13 @@ def _profile_for(sample_rate: float, noise_multiplier: float, steps: int) -> Del
 
 
 _DELTA_CACHE: dict[tuple, np.ndarray] = {}
+
+
+def clear_profile_caches() -> None:
+    """Forgets every cached privacy loss distribution and profile (memory; cold timings)."""
+    _subsampled_gaussian_pld.cache_clear()
+    _profile_for.cache_clear()
+    _DELTA_CACHE.clear()
 
 
 def _cached_deltas(mechanism: tuple[float, float, int], epsilon: np.ndarray) -> np.ndarray:

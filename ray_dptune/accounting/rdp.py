@@ -107,12 +107,22 @@ class RDPCurve:
     def subsampled_gaussian(
         cls, *, sample_rate: float, noise_multiplier: float, steps: int, orders: np.ndarray | None = None
     ) -> RDPCurve:
-        """DP-SGD: ``steps`` Poisson-subsampled Gaussian steps (via dp_accounting)."""
+        """DP-SGD: ``steps`` Poisson-subsampled Gaussian steps (via dp_accounting).
+
+        On the default orders, only the orders that can move a result are computed and
+        the rest are bounded by convexity (:mod:`ray_dptune.accounting.adaptive_orders`);
+        given ``orders`` are each computed.
+        """
+        adaptive = orders is None
         orders = _orders_or_default(orders)
         return cls(
             orders,
             mechanisms.subsampled_gaussian_rdp(
-                sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=orders
+                sample_rate=sample_rate,
+                noise_multiplier=noise_multiplier,
+                steps=steps,
+                orders=orders,
+                adaptive=adaptive,
             ),
             mechanism=mechanisms.KnownMechanism(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
             if steps >= 1
