@@ -171,9 +171,12 @@ class PrivacyAccountantCallback(Callback):
                 "the guarantee no longer holds."
             )
         if not self._account.within_charge(trial.trial_id, spent):
+            paid = self._account.units_of(trial.trial_id)
+            # It ran them: the account charges what it reports (synced) before the run is stopped.
+            self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent, "overrun": True})
             raise PrivacyError(
-                f"Trial {trial.trial_id} reported spending {spent}, beyond the {self._account.units_of(trial.trial_id)} "
-                "time units charged to it: the scheduler had not paid for them."
+                f"Trial {trial.trial_id} reported spending {spent}, beyond the {paid} time units charged to it: "
+                "the scheduler had not paid for them (they are charged now)."
             )
         self._trial_plans[trial.trial_id] = trial_plan
         self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent})

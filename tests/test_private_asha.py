@@ -185,6 +185,42 @@ def test_a_trial_that_ran_past_its_charge_is_charged_what_it_ran_even_past_the_b
     assert account.units_of("b") == MAX_T
 
 
+def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it_stops_the_run(tmp_path, monkeypatch):
+    """A trial reporting units nobody paid for ran them: the journal (synced) charges them, then PrivacyError."""
+    from types import SimpleNamespace
+
+    from ray_dptune.store import SQLiteStore
+
+    asha = PrivateASHAScheduler(max_t=MAX_T, grace_period=1, budget_trials=1, space=SPACE, seed=0)
+    asha.searcher.set_search_properties("score", "max", SPACE)
+    journal_path = str(tmp_path / "journal.db")
+    accountant = PrivacyAccountantCallback(
+        asha.searcher, delta=DELTA, plan=PLAN, journal_path=journal_path, verbose=False
+    )
+    monkeypatch.setattr("ray_dptune.callbacks.running_scheduler", lambda: asha)  # as TuneController would run it
+    accountant.setup(num_samples=-1)
+    trial = SimpleNamespace(trial_id="a", config=asha.searcher.suggest("a"))
+    assert isinstance(asha.searcher.suggest("b"), dict)  # 2 of the budget's 3 units charged at suggestion
+    accountant.on_trial_start(0, [], trial)
+    paid = accountant.account.guarantee().epsilon  # the budget: one DP-SGD run of 3 units (60 steps)
+    synced = []
+    transaction = SQLiteStore.transaction
+    monkeypatch.setattr(
+        SQLiteStore,
+        "transaction",
+        lambda self, *, durable: synced.append(durable) or transaction(self, durable=durable),
+    )
+    ran = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=60)  # 3 units
+    with pytest.raises(PrivacyError, match="beyond the 1 time units charged"):
+        accountant.on_trial_result(0, [], trial, {"dp_plan": PLAN.to_dict(), "dp_spent": ran.to_dict()})
+    assert synced == [True]  # the overrun report was committed with synchronous=FULL
+    replayed = SearchJournal(journal_path).account()
+    assert replayed.units_of("a") == 3 and replayed.units_charged == 4  # past the budget: what ran
+    four_units = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=80).curve()
+    assert replayed.guarantee().epsilon == pytest.approx(four_units.mechanism.epsilon(delta=DELTA))
+    assert replayed.guarantee().epsilon > paid
+
+
 def test_a_plan_that_does_not_split_into_max_t_units_is_refused():
     account = SearchAccount(
         Mechanism.halving(budget_units=6, max_t=4),

@@ -362,7 +362,8 @@ class SearchAccount:
         return self._cache[key]
 
     def _charge_overrun(self, trial_id: str, spent: Any) -> None:
-        """Charges a halving trial for units it reports having run beyond its charge (it ran them)."""
+        """Charges a halving trial for units it reports having run beyond its charge (it ran them); a spend
+        beyond the whole plan (no units cover it) is refused by the callback before it is recorded."""
         trial = self.trials[trial_id]
         if self._budget is None or self.plan is None or not trial.accounted:
             return

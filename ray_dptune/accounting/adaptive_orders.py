@@ -13,10 +13,11 @@ slow. Two facts let us compute few orders and still bound every order of the gri
   convexity also gives (the secants of the neighbouring intervals, extended).
 
 Orders are added where that gap could move a result: an interval is refined when,
-for some probe objective — the RDP→(ε, δ) conversion ε(α) + c/(α − 1) and the
-selection bounds' λ̂ term (f(λ̂) + c)/λ̂, for c from 0.5 to 100 — the interval's
-lower bound beats the best upper bound on the grid by more than ``REFINE_TOLERANCE``
-(relative). Which orders are computed changes only tightness, never validity.
+for some probe objective — the RDP→(ε, δ) conversion ε(α) + c/(α − 1), the selection
+bounds' λ̂ term (f(λ̂) + c)/λ̂ (c from 0.5 to 100), and log δ(ε) ≈ f(α) − ε(α − 1) —
+the interval's lower bound beats the best upper bound on the grid by more than
+``REFINE_TOLERANCE``. Which orders are computed changes only tightness, never
+validity: the node values are dp_accounting's, as when every order is computed.
 """
 
 from __future__ import annotations
