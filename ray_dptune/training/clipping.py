@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from opacus.optimizers import DPOptimizer
 
+from ray_dptune.training.noise import with_in_place_noise
 from ray_dptune.training.oso import (
     OSO_DEFAULT_RATE,
     OSODPOptimizer,
@@ -80,8 +81,8 @@ class FixedClipping:
     mode: ClippingMode = "fixed"
 
     def wrap(self, dp_optimizer: DPOptimizer) -> DPOptimizer:
-        """``make_private``'s own optimizer."""
-        return dp_optimizer
+        """``make_private``'s optimizer, its noise drawn into ``p.grad`` (:mod:`~ray_dptune.training.noise`)."""
+        return with_in_place_noise(dp_optimizer)
 
 
 @dataclass(frozen=True)

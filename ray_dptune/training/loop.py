@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
+from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -283,6 +284,8 @@ def _prepare_run(
             f"the plan assumed {steps_per_epoch} at q = {sample_rate}."
         )
     dp_optimizer = clipping.wrap(dp_optimizer)
+    if ghost:  # the loss zeroes gradients between its two backward passes through the optimizer that steps
+        criterion = DPLossFastGradientClipping(model, dp_optimizer, criterion.criterion, criterion.loss_reduction)
     if resume is not None:
         restore_clipping_state(clipping, dp_optimizer, resume.clipping_state)
     empty_batch_placeholder = choice.mode in _EMPTY_BATCH_UNSUPPORTED
