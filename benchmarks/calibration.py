@@ -29,13 +29,21 @@ SAMPLE_RATE, STEPS, DELTA, MEAN = 64 / 1437, 336, 1e-5, 8.0
 RESULTS = Path(__file__).resolve().parent / "results" / "calibration.md"
 
 
-def dp_accounting_sigma(epsilon: float, shape: float, rtol: float = 1e-3) -> float:
-    """Bisection on σ with dp_accounting's RDP accountant; the upper (safe) end."""
+def dp_accounting_sigma(
+    epsilon: float,
+    shape: float,
+    *,
+    sample_rate: float = SAMPLE_RATE,
+    steps: int = STEPS,
+    mean: float = MEAN,
+    rtol: float = 1e-3,
+) -> float:
+    """Bisection on σ with dp_accounting's RDP accountant (``RepeatAndSelectDpEvent``); the upper (safe) end."""
 
     def spent(sigma: float) -> float:
-        inner = dp_event.PoissonSampledDpEvent(SAMPLE_RATE, dp_event.GaussianDpEvent(sigma))
+        inner = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(sigma))
         accountant = rdp_privacy_accountant.RdpAccountant()
-        accountant.compose(dp_event.RepeatAndSelectDpEvent(dp_event.SelfComposedDpEvent(inner, STEPS), MEAN, shape))
+        accountant.compose(dp_event.RepeatAndSelectDpEvent(dp_event.SelfComposedDpEvent(inner, steps), mean, shape))
         return accountant.get_epsilon(DELTA)
 
     low, high = 0.3, 20.0

@@ -188,7 +188,7 @@ def one_trial_epsilon(sigma: float) -> float:
 _DATA: Any = None  # (train, selection, held-out)
 
 
-def _init_worker() -> None:
+def init_worker() -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -213,7 +213,7 @@ def _init_worker() -> None:
     )
 
 
-def _calibrate(task: tuple[float, str]) -> tuple[float, str, dict[str, float]]:
+def calibrate(task: tuple[float, str]) -> tuple[float, str, dict[str, float]]:
     """σ of ``method`` for total ε, with the ε it reaches and the reference ε's of the cost table."""
     from ray_dptune import calibrate_noise_multiplier
 
@@ -278,7 +278,7 @@ def _seed(*entropy: int) -> int:
     return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0])
 
 
-def _search(task: tuple[float, str, int, float, int]) -> dict[str, Any]:
+def run_search(task: tuple[float, str, int, float, int]) -> dict[str, Any]:
     """One whole search of ``method`` at σ; what it released and what it spent."""
     epsilon, method, rep, sigma, base_seed = task
     from ray.tune.search import Searcher
@@ -540,7 +540,7 @@ def environment(workers: int) -> dict[str, Any]:
     }
 
 
-def _pm(value: float, half: float, digits: int = 4) -> str:
+def plus_minus(value: float, half: float, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if math.isnan(half) else f"{value:.{digits}f} ± {half:.{digits}f}"
 
 
@@ -589,15 +589,15 @@ def render(record: dict[str, Any]) -> str:
         ]
         for method, row in rows.items():
             deltas = [
-                _pm(*row[f"held_out_accuracy_minus_{b}"]) if f"held_out_accuracy_minus_{b}" in row else "–"
+                plus_minus(*row[f"held_out_accuracy_minus_{b}"]) if f"held_out_accuracy_minus_{b}" in row else "–"
                 for b in BASELINES
             ]
             lines.append(
                 f"| {METHODS[method]['label']} | {row['sigma']:.4f} | {row['epsilon']:.3f} | "
-                f"{_pm(row['trials'], row['trials_ci'], 1)} | {_pm(row['steps'], row['steps_ci'], 0)} | "
+                f"{plus_minus(row['trials'], row['trials_ci'], 1)} | {plus_minus(row['steps'], row['steps_ci'], 0)} | "
                 f"{row['planned_vs_random']:.2f} | {row['nothing_released']} | "
-                f"{_pm(row['selection_accuracy'], row['selection_accuracy_ci'])} | "
-                f"{_pm(row['held_out_accuracy'], row['held_out_accuracy_ci'])} | {row['held_out_worst']:.3f} | "
+                f"{plus_minus(row['selection_accuracy'], row['selection_accuracy_ci'])} | "
+                f"{plus_minus(row['held_out_accuracy'], row['held_out_accuracy_ci'])} | {row['held_out_worst']:.3f} | "
                 f"{deltas[0]} | {deltas[1]} |"
             )
         lines += [
@@ -734,11 +734,11 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(args.workers)
 
     start = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.workers, initializer=_init_worker) as pool:
+    with mp.get_context("spawn").Pool(args.workers, initializer=init_worker) as pool:
         calibration: dict[str, dict[str, Any]] = {str(e): {} for e in epsilons}
         # The halving calibrations (PLD of up to 1 584 steps) are the slow ones: they go first.
         tasks = sorted(((e, m) for e in epsilons for m in METHODS), key=lambda t: METHODS[t[1]]["kind"] != "halving")
-        for epsilon, method, values in pool.imap_unordered(_calibrate, tasks):
+        for epsilon, method, values in pool.imap_unordered(calibrate, tasks):
             calibration[str(epsilon)][method] = values
             print(f"ε = {epsilon:g} {method}: σ = {values['sigma']:.4f} (search ε {values['epsilon']:.4f}, "
                   f"{values['seconds']:.0f} s)", flush=True)  # fmt: skip
@@ -762,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in METHODS
         ]
         runs = []
-        for done, run in enumerate(pool.imap_unordered(_search, tasks), start=1):
+        for done, run in enumerate(pool.imap_unordered(run_search, tasks), start=1):
             runs.append(run)
             print(
                 f"[{done:3d}/{len(tasks)}] ε = {run['epsilon']:g} {run['method']:<14} #{run['rep']:<2}: "

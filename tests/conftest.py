@@ -23,6 +23,7 @@ def ray_session():
 FAST_MODULES = {
     "test_rdp.py",
     "test_selection.py",
+    "test_pld_reading.py",
     "test_dphypo_bound.py",
     "test_distributions.py",
     "test_projection.py",
