@@ -160,23 +160,20 @@ class PrivacyAccountantCallback(Callback):
         if self._account.plan is None:
             self._record({"type": "plan", "plan": trial_plan})
             self._check_target()
-        elif not report_covers(self._account.plan, trial_plan):
-            raise PrivacyError(
-                f"Trial {trial.trial_id} plans to spend {trial_plan}, which the search's plan {self._account.plan} "
-                "does not cover; every trial must satisfy one plan (the guarantee assumes it)."
-            )
-        if not report_covers(trial_plan, spent):
-            raise PrivacyError(
-                f"Trial {trial.trial_id} reported spending {spent}, above its plan {trial_plan}: "
-                "the guarantee no longer holds."
-            )
-        if not self._account.within_charge(trial.trial_id, spent):
+        beyond_plan = not (report_covers(trial_plan, spent) and report_covers(self._account.plan, spent))
+        if beyond_plan or not self._account.within_charge(trial.trial_id, spent):
             paid = self._account.units_of(trial.trial_id)
             # It ran them: the account charges what it reports (synced) before the run is stopped.
             self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent, "overrun": True})
             raise PrivacyError(
-                f"Trial {trial.trial_id} reported spending {spent}, beyond the {paid} time units charged to it: "
-                "the scheduler had not paid for them (they are charged now)."
+                f"Trial {trial.trial_id} reported spending {spent}, "
+                + (f"above its plan {trial_plan}" if beyond_plan else f"beyond the {paid} time units charged to it")
+                + ": the search is stopped, and the guarantee now bounds that trial as it ran."
+            )
+        if not report_covers(self._account.plan, trial_plan):
+            raise PrivacyError(
+                f"Trial {trial.trial_id} plans to spend {trial_plan}, which the search's plan {self._account.plan} "
+                "does not cover; every trial must satisfy one plan (the guarantee assumes it)."
             )
         self._trial_plans[trial.trial_id] = trial_plan
         self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent})

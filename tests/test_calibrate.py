@@ -8,7 +8,7 @@ from ray_dptune.accounting import RDPCurve
 from ray_dptune.accounting.account import Mechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.mechanisms import subsampled_gaussian_profile
-from ray_dptune.accounting.spend import curve_from_report, report_covers
+from ray_dptune.accounting.spend import covering_curve, curve_from_report, report_covers
 
 
 def test_spend_curve_composes_training_and_noisy_scores():
@@ -132,3 +132,21 @@ def test_a_dpsgd_plan_covers_only_what_its_exact_tradeoff_provably_bounds():
         sample_rate=0.01, noise_multiplier=1.0, steps=100, score_noise_multiplier=5.0, score_releases=2
     )
     assert report_covers(with_scores.to_dict(), response.to_dict())  # that plan is bounded by its RDP alone
+
+
+def test_the_covering_curve_of_a_plan_and_a_longer_run_is_the_longer_run_with_its_mechanism():
+    plan = TrialSpend(sample_rate=0.02, noise_multiplier=1.2, steps=100)
+    longer = TrialSpend(sample_rate=0.02, noise_multiplier=1.2, steps=150)
+    covering = covering_curve([plan.to_dict(), longer.to_dict()])
+    assert covering == longer.curve() and covering.mechanism == longer.curve().mechanism
+
+
+def test_the_covering_curve_of_runs_neither_covers_bounds_both_at_every_order_and_drops_the_mechanism():
+    plan = TrialSpend(sample_rate=0.02, noise_multiplier=1.2, steps=100)
+    other = TrialSpend(sample_rate=0.05, noise_multiplier=2.0, steps=60)  # larger q, more noise
+    covering = covering_curve([plan.to_dict(), other.to_dict()])
+    assert covering.mechanism is None
+    for record in (plan, other):
+        assert covering.dominates(record.curve())
+    at = covering.orders
+    assert np.all(covering.epsilons == np.maximum(plan.curve().at(at), other.curve().at(at)))

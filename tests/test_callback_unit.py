@@ -61,6 +61,8 @@ def test_a_trial_whose_plan_exceeds_the_search_plan_is_refused():
     accountant.on_trial_start(0, [], TRIAL)
     bigger = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=41).to_dict()
     with pytest.raises(PrivacyError, match="does not cover"):
+        accountant.on_trial_result(0, [], TRIAL, {"dp_plan": bigger, "dp_spent": PLAN.to_dict()})
+    with pytest.raises(PrivacyError, match="above its plan"):  # and once it spends past the search's plan
         accountant.on_trial_result(0, [], TRIAL, {"dp_plan": bigger, "dp_spent": bigger})
 
 
@@ -97,3 +99,53 @@ def test_a_trial_that_spends_its_own_smaller_plan_is_not_an_early_stop():
     accountant.on_trial_complete(0, [], other)
     with pytest.raises(PrivacyError, match="stopped early"):
         accountant.on_step_begin(0, [])
+
+
+# ----------------------------------------------------------------------------- spends past the plan
+
+
+def test_a_trial_that_ran_past_the_plan_is_journaled_durably_and_bounded_as_it_ran(tmp_path, monkeypatch):
+    """The report is committed (FULL) before PrivacyError, and the guarantee then uses what the trial ran."""
+    from ray_dptune.journal import SearchJournal
+    from ray_dptune.store import SQLiteStore
+
+    journal_path = str(tmp_path / "journal.db")
+    searcher = RandomCountSearcher(PointMass(2), seed=0)
+    accountant = PrivacyAccountantCallback(searcher, delta=1e-5, plan=PLAN, journal_path=journal_path, verbose=False)
+    accountant.setup(num_samples=-1)
+    accountant.on_trial_start(0, [], TRIAL)
+    planned = accountant.account.guarantee().epsilon
+    synced = []
+    transaction = SQLiteStore.transaction
+    monkeypatch.setattr(
+        SQLiteStore,
+        "transaction",
+        lambda self, *, durable: synced.append(durable) or transaction(self, durable=durable),
+    )
+    ran = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=400)
+    with pytest.raises(PrivacyError, match="above its plan"):
+        accountant.on_trial_result(0, [], TRIAL, {"dp_plan": PLAN.to_dict(), "dp_spent": ran.to_dict()})
+    assert synced == [True]
+    # The same search had every trial been allowed 400 steps: the trial's run covers the plan, so it is the base.
+    as_ran = PrivacyAccountantCallback(RandomCountSearcher(PointMass(2), seed=0), delta=1e-5, plan=ran, verbose=False)
+    as_ran.on_trial_start(0, [], TRIAL)
+    expected = as_ran.account.guarantee().epsilon
+    for account in (accountant.account, SearchJournal(journal_path).account()):
+        assert account.guarantee().epsilon == pytest.approx(expected, rel=1e-12)
+        assert account.guarantee().epsilon > 2 * planned  # 10× the steps: far above the plan's bound
+
+
+def test_a_spend_past_the_plan_that_neither_covers_is_bounded_by_the_larger_curve_at_every_order():
+    """A bare-curve report above the plan at one order only: the base is the pointwise maximum of the two."""
+    accountant = callback()
+    accountant.on_trial_result(0, [], TRIAL, {"dp_plan": GOOD_CURVE, "dp_spent": GOOD_CURVE})
+    spent = {"orders": [2.0, 4.0], "epsilons": [0.05, 0.3]}
+    with pytest.raises(PrivacyError, match="above its plan"):
+        accountant.on_trial_result(0, [], TRIAL, {"dp_plan": GOOD_CURVE, "dp_spent": spent})
+    reference = callback()  # the same search had the plan been the pointwise maximum
+    envelope = {"orders": [2.0, 4.0], "epsilons": [0.1, 0.3]}
+    reference.on_trial_result(0, [], TRIAL, {"dp_plan": envelope, "dp_spent": envelope})
+    planned = callback()
+    planned.on_trial_result(0, [], TRIAL, {"dp_plan": GOOD_CURVE, "dp_spent": GOOD_CURVE})
+    assert accountant.account.guarantee().epsilon == pytest.approx(reference.account.guarantee().epsilon, rel=1e-12)
+    assert accountant.account.guarantee().epsilon > planned.account.guarantee().epsilon

@@ -221,6 +221,19 @@ def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it
     assert replayed.guarantee().epsilon > paid
 
 
+def test_a_spend_no_number_of_units_covers_is_composed_whole_into_the_brackets_run():
+    """A trial that ran at a smaller σ than the plan's: its whole run is added to the budget's."""
+    account = SearchAccount(Mechanism.halving(budget_units=6, max_t=MAX_T), delta=DELTA, plan=PLAN.to_dict())
+    account.apply({"type": "suggested", "trial_id": "a", "accounted": True, "units": 1})
+    budget = account.guarantee().epsilon
+    louder = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=0.8, steps=20)
+    account.apply({"type": "reported", "trial_id": "a", "spent": louder.to_dict(), "overrun": True})
+    six_units = TrialSpend(**{**vars(PLAN), "steps": 120}).curve()
+    expected = (six_units + louder.curve()).epsilon(delta=DELTA)
+    assert account.guarantee().epsilon == pytest.approx(expected, rel=1e-9)
+    assert account.guarantee().epsilon > budget
+
+
 def test_a_plan_that_does_not_split_into_max_t_units_is_refused():
     account = SearchAccount(
         Mechanism.halving(budget_units=6, max_t=4),

@@ -13,7 +13,9 @@ by a retry, interrupted by a restore, of a trial beyond the cap, or a suggestion
 fate is unknown — is composed at the full plan (Mironov 2017, Prop. 1: RDP composes
 adaptively). A live attempt is covered while its driver lives; once the driver is gone
 (:meth:`SearchAccount.restored`) it is charged. ``if_stopped_now=True`` charges live
-attempts too: the durable worst case a ledger keeps.
+attempts too: the durable worst case a ledger keeps. An attempt that reports spending
+past the plan is bounded as it ran: for every attempt, the plan gives way to a curve
+both satisfy (:func:`ray_dptune.accounting.spend.covering_curve`).
 
 No Ray, no torch.
 """
@@ -21,18 +23,15 @@ No Ray, no torch.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ray_dptune import validate
 from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.halving_budget import HalvingBudget
 from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.search_mechanism import Mechanism
 from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.spend import curve_from_report, parse_report
-from ray_dptune.accounting.svt import svt_curve
-from ray_dptune.distributions import RunCountDistribution, distribution_from_dict
+from ray_dptune.accounting.spend import covering_curve, curve_from_report, parse_report, report_covers
 from ray_dptune.errors import PrivacyError
 
 __all__ = [
@@ -46,99 +45,6 @@ ACCOUNT_VERSION = 1
 ATTEMPT_STATES = ("suggested", "started", "reporting", "completed", "failed", "unknown")
 LIVE_STATES = frozenset({"suggested", "started", "reporting"})
 _COVERABLE = LIVE_STATES | {"completed"}
-_KINDS = ("random_count", "constant_overhead", "release", "composition", "halving")
-
-
-@dataclass(frozen=True)
-class Mechanism:
-    """How a search is bounded, as JSON-ready parameters (build with the class methods)."""
-
-    kind: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise ValueError(f"Unknown search mechanism {self.kind!r}; expected one of {_KINDS}.")
-
-    @classmethod
-    def random_count(cls, *, law: RunCountDistribution, num_trials: int, density_ratio: float = 1.0) -> Mechanism:
-        """K ~ ``law`` runs, best released: P&S 2022 Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1."""
-        return cls(
-            "random_count", {"law": law.to_dict(), "num_trials": int(num_trials), "density_ratio": float(density_ratio)}
-        )
-
-    @classmethod
-    def constant_overhead(cls, *, epsilon_round: float, max_rounds: int) -> Mechanism:
-        """Ding et al. Alg. 1: ``max_rounds`` ε_round-DP sparse-vector rounds per selection, then one training."""
-        return cls("constant_overhead", {"epsilon_round": float(epsilon_round), "max_rounds": int(max_rounds)})
-
-    @classmethod
-    def release(cls, *, epsilon: float, delta: float, description: Mapping[str, Any] | None = None) -> Mechanism:
-        """A searcher's own (ε, δ)-DP release (DP-BO, Kusner et al. 2015); trials are not accounted."""
-        if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta < 1):
-            raise ValueError(f"A release needs ε >= 0 finite and δ in [0, 1), got ({epsilon}, {delta}).")
-        return cls(
-            "release", {"epsilon": float(epsilon), "delta": float(delta), "description": dict(description or {})}
-        )
-
-    @classmethod
-    def composition(cls) -> Mechanism:
-        """Every accounted attempt composed at its plan (no selection theorem)."""
-        return cls("composition", {})
-
-    @classmethod
-    def halving(
-        cls, *, budget_units: int, max_t: int, law: RunCountDistribution | None = None, num_brackets: int = 1
-    ) -> Mechanism:
-        """Private successive halving: brackets of at most ``budget_units`` time units, a unit ``plan / max_t``.
-
-        One bracket (``law`` None): the search costs ``budget_units`` units composed; K =
-        ``num_brackets`` ~ ``law`` independent brackets, the best winner released: P&S Thms
-        2/6 over that run (:mod:`~ray_dptune.accounting.halving_budget`).
-        """
-        budget_units = validate.integer("budget_units", budget_units, minimum=1)
-        max_t = validate.integer("max_t", max_t, minimum=1)
-        num_brackets = validate.integer("num_brackets", num_brackets)
-        if law is None and num_brackets != 1:
-            raise ValueError(f"num_brackets = {num_brackets} needs the law it was drawn from (law=).")
-        law_record = None if law is None else law.to_dict()
-        params = {"budget_units": budget_units, "max_t": max_t, "law": law_record, "num_brackets": num_brackets}
-        return cls("halving", params)
-
-    @property
-    def cover_cap(self) -> int:
-        """How many attempts (one per trial) the mechanism's own bound covers."""
-        if self.kind == "random_count":
-            return int(self.params["num_trials"])
-        return 1 if self.kind == "constant_overhead" else 0
-
-    @property
-    def law(self) -> RunCountDistribution | None:
-        return distribution_from_dict(self.params["law"]) if self.kind == "random_count" else None
-
-    def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
-        """The curve of the covered attempts when each satisfies ``plan``.
-
-        ``selections`` counts the sparse-vector selections of a constant-overhead search
-        that ran (each costs ``max_rounds`` rounds; at least one is charged from the start).
-        """
-        if self.kind == "halving":
-            raise ValueError("A halving search's curve is its budget of plan units: read it from SearchAccount.")
-        if self.kind == "random_count":
-            return repeat_and_select(plan, self.law, density_ratio=self.params["density_ratio"], generic=generic)
-        if self.kind == "constant_overhead":
-            rounds = svt_curve(
-                epsilon=self.params["epsilon_round"], rounds=self.params["max_rounds"], orders=plan.orders
-            )
-            return max(1, selections) * rounds + plan
-        return RDPCurve.zero(plan.orders)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "params": json.loads(json.dumps(dict(self.params)))}
-
-    @classmethod
-    def from_dict(cls, record: Mapping[str, Any]) -> Mechanism:
-        return cls(record["kind"], dict(record.get("params", {})))
 
 
 @dataclass
@@ -189,6 +95,7 @@ class SearchAccount:
         self._completed = 0  # accounted trials whose last attempt completed
         self._trials_completed = 0  # every trial whose last attempt completed
         self._budget = HalvingBudget(mechanism.params) if mechanism.kind == "halving" else None
+        self.beyond_plan: dict[tuple[str, int], Any] = {}  # (trial, attempt) -> a spend the plan does not cover
         self._cache: dict[tuple, Any] = {}
         if plan is not None:
             self.apply({"type": "plan", "plan": dict(plan)})
@@ -236,9 +143,11 @@ class SearchAccount:
             if trial is None or trial.last not in LIVE_STATES:
                 self.apply({"type": "started", "trial_id": trial_id, "accounted": bool(event.get("accounted", True))})
                 trial = self.trials[trial_id]
-            trial.attempts[-1]["spent"] = event.get("spent")
+            trial.attempts[-1]["spent"] = spent = event.get("spent")
             self._set_state(trial_id, "reporting")
-            self._charge_overrun(trial_id, event.get("spent"))
+            if trial.accounted and None not in (self.plan, spent) and not report_covers(self.plan, spent):
+                self.beyond_plan[(trial_id, len(trial.attempts))] = spent  # it ran: bounded as it ran
+            self._charge_overrun(trial_id, spent)
         elif kind in ("completed", "failed"):
             trial = self.trials.get(trial_id)
             if trial is not None and trial.last in LIVE_STATES:
@@ -300,6 +209,7 @@ class SearchAccount:
         """The whole search's (ε, δ): the mechanism's bound plus every charged attempt at its plan."""
         charged = self.charged_attempts(if_stopped_now=if_stopped_now)
         key = ("guarantee", charged, self.selections, len(self.releases), self.units_charged, self._plan_key())
+        key += (json.dumps(list(self.beyond_plan.values()), sort_keys=True),)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._compute(charged)
@@ -351,11 +261,13 @@ class SearchAccount:
             self.selections,
             tuple(sorted(self._budget.units.items(), key=str)) if self._budget else None,
             self._plan_key(),
+            json.dumps(list(self.beyond_plan.values()), sort_keys=True),
         )
         if key not in self._cache:
-            plan_curve = curve_from_report(self.plan)
+            beyond = list(self.beyond_plan.values())
+            plan_curve = covering_curve([self.plan, *beyond]) if beyond else curve_from_report(self.plan)
             if self._budget is not None:
-                selection = self._budget.curve(self.plan, generic=self.generic)
+                selection = self._budget.curve(self.plan, generic=self.generic, beyond_plan=beyond)
             else:
                 selection = self.mechanism.selection_curve(plan_curve, selections=self.selections, generic=self.generic)
             self._cache[key] = (plan_curve, selection)
@@ -363,7 +275,7 @@ class SearchAccount:
 
     def _charge_overrun(self, trial_id: str, spent: Any) -> None:
         """Charges a halving trial for units it reports having run beyond its charge (it ran them); a spend
-        beyond the whole plan (no units cover it) is refused by the callback before it is recorded."""
+        no number of units covers is charged max_t units here and composed whole by the budget's curve."""
         trial = self.trials[trial_id]
         if self._budget is None or self.plan is None or not trial.accounted:
             return

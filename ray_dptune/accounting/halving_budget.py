@@ -15,19 +15,20 @@ trade-off apply). So:
 Units charged outside any bracket (a trial Tune started that the searcher never
 suggested) are composed on top at the units charged to them. A trial that reports
 spending more units than were charged to it has them charged when the report arrives,
-past the budget if need be (the bracket's bound then grows to what it ran).
+past the budget if need be (the bracket's bound then grows to what it ran); a spend no
+number of units covers (another σ or q) is composed whole into the brackets' run.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.spend import TrialSpend, parse_report, report_covers, unit_spend
+from ray_dptune.accounting.spend import TrialSpend, curve_from_report, parse_report, report_covers, unit_spend
 from ray_dptune.distributions import distribution_from_dict
 from ray_dptune.errors import PrivacyError
 
@@ -90,10 +91,18 @@ class HalvingBudget:
         needed = max(math.ceil(used / per_unit) for used, per_unit in counts if per_unit)
         return needed if report_covers(unit.repeated(needed).to_dict(), spent) else None
 
-    def curve(self, plan: Mapping[str, Any], *, generic: bool) -> RDPCurve:
-        """The search's curve: its brackets' bound, plus units charged outside any bracket."""
+    def curve(self, plan: Mapping[str, Any], *, generic: bool, beyond_plan: Sequence[Any] = ()) -> RDPCurve:
+        """The search's curve: its brackets' bound, plus units charged outside any bracket.
+
+        ``beyond_plan``: spends reported past the plan; one that no number of units covers
+        is composed whole into every bracket's run (it may be in any of them).
+        """
         unit = unit_spend(plan, units_per_plan=self.max_t)
         bracket = unit.repeated(max([self.budget_units, *(u for b, u in self.units.items() if b is not None)]))
-        curve = bracket.curve() if self.law is None else repeat_and_select(bracket.curve(), self.law, generic=generic)
+        base = bracket.curve()
+        for spent in beyond_plan:
+            if self.units_needed(plan, spent) is None:
+                base = base + curve_from_report(spent)
+        curve = base if self.law is None else repeat_and_select(base, self.law, generic=generic)
         outside = self.units.get(None, 0)
         return curve + unit.repeated(outside).curve() if outside else curve

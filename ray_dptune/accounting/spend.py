@@ -8,6 +8,7 @@ The same record serves as a trial's *plan* (what it may spend) and as what it ha
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 
-__all__ = ["TrialSpend", "curve_from_report", "parse_report", "report_covers", "unit_spend"]
+__all__ = ["TrialSpend", "covering_curve", "curve_from_report", "parse_report", "report_covers", "unit_spend"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +150,24 @@ def report_covers(plan: Any, spent: Any) -> bool:
     if plan_curve.mechanism is not None:  # bounded by the plan's exact trade-off: a bare curve cannot prove it
         return False
     return plan_curve.dominates(_as_curve(spent))
+
+
+def covering_curve(records: list[Any]) -> RDPCurve:
+    """An RDP curve that every record's mechanism satisfies (a plan and the spends that went past it).
+
+    A record that covers all the others gives its own curve and exact mechanism (each
+    other is then a post-processing of it, :func:`report_covers`); otherwise the pointwise
+    maximum of the curves (each read conservatively, :meth:`RDPCurve.at`) bounds every
+    mechanism at every order, with no exact trade-off kept. A search whose trials were each
+    one of these mechanisms is bounded with it as the base (P&S 2022: the base need only
+    satisfy the curve; a mixture over trials does by quasi-convexity of Rényi divergence).
+    """
+    widest = next((r for r in records if all(report_covers(r, other) for other in records)), None)
+    if widest is not None:
+        return curve_from_report(widest)
+    curves = [curve_from_report(record) for record in records]
+    grid = functools.reduce(np.union1d, [curve.orders for curve in curves])
+    return RDPCurve(grid, np.max([curve.at(grid) for curve in curves], axis=0))
 
 
 def unit_spend(plan: Any, *, units_per_plan: int) -> TrialSpend:
