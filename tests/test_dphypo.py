@@ -296,8 +296,10 @@ def test_tune_run_reports_dp_hypo_theorem_1(tmp_path):
     assert report["num_trials_planned"] == 4 == report["num_trials_started"]
     assert report["density_ratio"] == C / c
     guarantee = report["guarantee"]
-    theorem_1 = repeat_and_select(PLAN.curve(), law, density_ratio=C / c).epsilon(delta=DELTA)
+    # The sampler never exceeds C × prior, so Lemma A.4 uses C itself (tighter than C = C/c, the paper's).
+    theorem_1 = repeat_and_select(PLAN.curve(), law, density_ratio=C / c, upper=C).epsilon(delta=DELTA)
     assert guarantee["epsilon"] == pytest.approx(theorem_1, rel=1e-12)
+    assert theorem_1 <= repeat_and_select(PLAN.curve(), law, density_ratio=C / c).epsilon(delta=DELTA)
     uniform = repeat_and_select(PLAN.curve(), law).epsilon(delta=DELTA)
     assert guarantee["epsilon_adaptivity"] == pytest.approx(theorem_1 - uniform, rel=1e-9)
     assert guarantee["epsilon_adaptivity"] > 0  # adaptivity costs (DP-HyPO Thm 1 vs P&S Thm 2)

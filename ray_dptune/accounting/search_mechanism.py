@@ -36,11 +36,15 @@ class Mechanism:
             raise ValueError(f"Unknown search mechanism {self.kind!r}; expected one of {MECHANISM_KINDS}.")
 
     @classmethod
-    def random_count(cls, *, law: RunCountDistribution, num_trials: int, density_ratio: float = 1.0) -> Mechanism:
-        """K ~ ``law`` runs, best released: P&S 2022 Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1."""
-        return cls(
-            "random_count", {"law": law.to_dict(), "num_trials": int(num_trials), "density_ratio": float(density_ratio)}
-        )
+    def random_count(
+        cls, *, law: RunCountDistribution, num_trials: int, density_ratio: float = 1.0, upper: float | None = None
+    ) -> Mechanism:
+        """K ~ ``law`` runs, best released: P&S 2022 Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1
+        (``upper``: C itself, when the sampler guarantees it; see :func:`repeat_and_select`)."""
+        params = {"law": law.to_dict(), "num_trials": int(num_trials), "density_ratio": float(density_ratio)}
+        if upper is not None:
+            params["upper"] = validate.in_range("upper", upper, 1.0, float(density_ratio), note=" (C, 1 <= C <= C/c)")
+        return cls("random_count", params)
 
     @classmethod
     def constant_overhead(cls, *, epsilon_round: float, max_rounds: int) -> Mechanism:
@@ -100,7 +104,13 @@ class Mechanism:
         if self.kind == "halving":
             raise ValueError("A halving search's curve is its budget of plan units: read it from SearchAccount.")
         if self.kind == "random_count":
-            return repeat_and_select(plan, self.law, density_ratio=self.params["density_ratio"], generic=generic)
+            return repeat_and_select(
+                plan,
+                self.law,
+                density_ratio=self.params["density_ratio"],
+                upper=self.params.get("upper"),
+                generic=generic,
+            )
         if self.kind == "constant_overhead":
             rounds = svt_curve(
                 epsilon=self.params["epsilon_round"], rounds=self.params["max_rounds"], orders=plan.orders

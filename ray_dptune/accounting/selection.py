@@ -116,6 +116,7 @@ def repeat_and_select(
     distribution: RunCountDistribution,
     *,
     density_ratio: float = 1.0,
+    upper: float | None = None,
     base_delta: Callable[[np.ndarray], np.ndarray] | None = None,
     generic: bool = True,
 ) -> RDPCurve:
@@ -126,6 +127,9 @@ def repeat_and_select(
         distribution: law of K, drawn once before any run.
         density_ratio: C/c for adaptive sampling whose density stays within
             [c, C] × prior (DP-HyPO); 1 for non-adaptive (uniform) search.
+        upper: C itself, when the sampler guarantees it (1 <= C <= C/c): tightens
+            DP-HyPO's Lemma A.4 (:func:`~ray_dptune.accounting.dphypo_bound.dphypo_lemma_bound`).
+            None: the worst case C = C/c.
         base_delta: the base's exact (ε, δ) profile, vectorised (e.g.
             :func:`ray_dptune.accounting.mechanisms.gaussian_profile`); tightens
             the Poisson bound (P&S Theorem 6). Default: the profile of
@@ -161,7 +165,7 @@ def repeat_and_select(
     elif isinstance(distribution, TruncatedNegativeBinomial):
         bound = truncated_negative_binomial_bound(base, distribution, density_ratio=density_ratio)
         if adaptive and generic:  # DP-HyPO Lemma A.5, certified numeric maximum: also valid, keep the minimum
-            bound = bound.minimum(dphypo_lemma_bound(base, distribution, density_ratio=density_ratio))
+            bound = bound.minimum(dphypo_lemma_bound(base, distribution, density_ratio=density_ratio, upper=upper))
     elif adaptive:
         raise UnsupportedBoundError(
             f"No proven RDP bound covers adaptive sampling (C/c = {density_ratio}) with K ~ "

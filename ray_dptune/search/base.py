@@ -267,9 +267,10 @@ class PrivateSearcher(Searcher):
 class RunCountSearcher(PrivateSearcher):
     """A searcher that runs a random number K of DP trials, K drawn once from a law.
 
-    Accounted by ``repeat_and_select(plan, law, density_ratio)`` (Papernot & Steinke
+    Accounted by ``repeat_and_select(plan, law, density_ratio, upper)`` (Papernot & Steinke
     2022, Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1). Subclasses set
-    ``_distribution`` and a ``density_ratio`` (1 when not adaptive).
+    ``_distribution``, a ``density_ratio`` (1 when not adaptive) and, when their sampler
+    guarantees it, ``density_upper`` = C (None: the bound takes the worst case C = C/c).
     """
 
     threat_model = (
@@ -284,6 +285,7 @@ class RunCountSearcher(PrivateSearcher):
     )
     _distribution: RunCountDistribution
     density_ratio: float
+    density_upper: float | None = None
 
     @property
     def distribution(self) -> RunCountDistribution:
@@ -293,7 +295,10 @@ class RunCountSearcher(PrivateSearcher):
     def privacy_mechanism(self) -> Mechanism:
         """K ~ law runs, best released: P&S Thm 2/6, DP-HyPO Thm 1 when ``density_ratio`` > 1."""
         return Mechanism.random_count(
-            law=self._distribution, num_trials=self._num_trials, density_ratio=self.density_ratio
+            law=self._distribution,
+            num_trials=self._num_trials,
+            density_ratio=self.density_ratio,
+            upper=self.density_upper,
         )
 
     def _draw_count(self, distribution: RunCountDistribution) -> None:

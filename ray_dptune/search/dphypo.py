@@ -152,6 +152,11 @@ class DPHyPOSearcher(RunCountSearcher):
         return self._settings["upper"] / self._settings["lower"]
 
     @property
+    def density_upper(self) -> float:
+        """C: every draw's density is at most C × prior (checked before each draw), so Lemma A.4 may use it."""
+        return self._settings["upper"]
+
+    @property
     def cells(self) -> SearchCells | None:
         """The partition of the space the sampling law lives on (None before the space is known)."""
         return self._cells
