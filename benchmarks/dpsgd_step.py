@@ -102,8 +102,9 @@ NOTES = """## Notes
   skipping them needs Opacus internals), so ≈ 2.6-2.8× is what is left without changing Opacus's
   ghost code. The 3× goal is inside this shared machine's run-to-run spread: full runs of this
   code gave the MLP's ghost 3.41× (6 rounds, another job's tests on the second core), 3.19× and
-  2.69× (12 rounds, the latter above), against 3.36×, 3.54× and 3.06× for Opacus's optimizer in the
-  same runs; q1-q3 of single rounds span ±25 %. On the small models (digits, transformer: ≤ 116 k
+  2.69× (12 rounds, beside other jobs) and 2.73× (12 rounds, a quiet machine: the table above),
+  against 3.36×, 3.54×, 3.06× and 3.03× for Opacus's optimizer in the same runs; q1-q3 of single
+  rounds span ±25 %. On the small models (digits, transformer: ≤ 116 k
   draws) the two optimizers differ by less than that spread (`opacus-noise / auto` 0.90-1.22).
 - Opacus's fast-gradient-clipping without ghost norms (`use_ghost_clipping=False`) has no
   `make_private` mode in Opacus 1.6 and was not measured separately.
