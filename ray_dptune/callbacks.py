@@ -279,10 +279,13 @@ class PrivacyAccountantCallback(Callback):
         else:
             account = journal.account(generic=self._account.generic)
             recorded_k = account.mechanism.cover_cap
-            if account.mechanism.to_dict() != self._account.mechanism.to_dict():
+            recorded, declared = account.mechanism.to_dict(), self._account.mechanism.to_dict()
+            if "upper" not in recorded["params"]:  # journaled before C was recorded: its worst case C = C/c stays
+                declared["params"].pop("upper", None)
+            if recorded != declared:
                 raise PrivacyError(
-                    f"The restored searcher declares {self._account.mechanism.to_dict()} but the journal recorded "
-                    f"{account.mechanism.to_dict()} (K = {recorded_k}): K is never redrawn."
+                    f"The restored searcher declares {declared} but the journal recorded "
+                    f"{recorded} (K = {recorded_k}): K is never redrawn."
                 )
             events = [{"type": "restored"}, *self._pending]
             journal.append(events)

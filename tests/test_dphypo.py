@@ -303,3 +303,31 @@ def test_tune_run_reports_dp_hypo_theorem_1(tmp_path):
     uniform = repeat_and_select(PLAN.curve(), law).epsilon(delta=DELTA)
     assert guarantee["epsilon_adaptivity"] == pytest.approx(theorem_1 - uniform, rel=1e-9)
     assert guarantee["epsilon_adaptivity"] > 0  # adaptivity costs (DP-HyPO Thm 1 vs P&S Thm 2)
+
+
+def test_a_search_journaled_before_c_was_recorded_restores_with_its_worst_case_bound(tmp_path, monkeypatch):
+    """A journal whose mechanism has no ``upper`` (older releases) is resumed, keeping C = C/c, not refused."""
+    from types import SimpleNamespace
+
+    from ray_dptune import PrivacyAccountantCallback
+
+    law = TruncatedNegativeBinomial.from_mean(eta=0.5, mean=3)
+    journal_path = str(tmp_path / "journal.db")
+    trial = SimpleNamespace(trial_id="t1", config={"x": 0.5, "lr": 0.01})
+    with monkeypatch.context() as older:
+        older.setattr(DPHyPOSearcher, "density_upper", None)  # what an older release recorded
+        first = PrivacyAccountantCallback(
+            DPHyPOSearcher(law, upper=C, lower=c, seed=3), delta=DELTA, plan=PLAN, journal_path=journal_path
+        )
+        first.setup(num_samples=-1)
+        first.on_trial_start(0, [], trial)
+    resumed = PrivacyAccountantCallback(
+        DPHyPOSearcher(law, upper=C, lower=c, seed=3), delta=DELTA, plan=PLAN, journal_path=journal_path
+    )
+    assert resumed.account.mechanism.params["upper"] == C
+    resumed.set_state(first.get_state())
+    resumed.setup(num_samples=-1)
+    resumed.on_trial_start(0, [], SimpleNamespace(trial_id="t2", config={"x": 0.2, "lr": 0.1}))
+    assert "upper" not in resumed.account.mechanism.params  # the journal's record, the worst case, is kept
+    worst = repeat_and_select(PLAN.curve(), law, density_ratio=C / c).epsilon(delta=DELTA)
+    assert resumed.account.guarantee().epsilon >= worst * (1 - 1e-12)

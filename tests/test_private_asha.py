@@ -234,6 +234,20 @@ def test_a_spend_no_number_of_units_covers_is_composed_whole_into_the_brackets_r
     assert account.guarantee().epsilon > budget
 
 
+def test_a_spend_outside_every_bracket_is_composed_on_top_of_the_brackets_selection():
+    """A Tune-started trial (no bracket) ran once, outside the K brackets: never folded into P&S's base."""
+    from ray_dptune import Poisson
+
+    plan = TrialSpend(sample_rate=1.0, noise_multiplier=20.0, steps=MAX_T)
+    louder = TrialSpend(sample_rate=1.0, noise_multiplier=2.0, steps=1)  # another σ: no number of units covers it
+    mechanism = Mechanism.halving(budget_units=MAX_T, max_t=MAX_T, law=Poisson(0.01), num_brackets=0)
+    account = SearchAccount(mechanism, delta=DELTA, plan=plan.to_dict())
+    account.apply({"type": "started", "trial_id": "x", "accounted": True})
+    account.apply({"type": "reported", "trial_id": "x", "spent": louder.to_dict(), "overrun": True})
+    assert account.guarantee().epsilon >= louder.curve().mechanism.epsilon(delta=DELTA)  # at least what x ran alone
+    assert account.guarantee().epsilon >= (louder.curve() + plan.curve()).epsilon(delta=DELTA) * (1 - 1e-12)
+
+
 def test_a_plan_that_does_not_split_into_max_t_units_is_refused():
     account = SearchAccount(
         Mechanism.halving(budget_units=6, max_t=4),

@@ -267,7 +267,7 @@ class SearchAccount:
             beyond = list(self.beyond_plan.values())
             plan_curve = covering_curve([self.plan, *beyond]) if beyond else curve_from_report(self.plan)
             if self._budget is not None:
-                selection = self._budget.curve(self.plan, generic=self.generic, beyond_plan=beyond)
+                selection = self._budget.curve(self.plan, generic=self.generic, beyond_plan=self.beyond_plan)
             else:
                 selection = self.mechanism.selection_curve(plan_curve, selections=self.selections, generic=self.generic)
             self._cache[key] = (plan_curve, selection)

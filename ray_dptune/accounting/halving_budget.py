@@ -22,7 +22,7 @@ number of units covers (another σ or q) is composed whole into the brackets' ru
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ray_dptune import validate
@@ -91,18 +91,27 @@ class HalvingBudget:
         needed = max(math.ceil(used / per_unit) for used, per_unit in counts if per_unit)
         return needed if report_covers(unit.repeated(needed).to_dict(), spent) else None
 
-    def curve(self, plan: Mapping[str, Any], *, generic: bool, beyond_plan: Sequence[Any] = ()) -> RDPCurve:
+    def curve(
+        self, plan: Mapping[str, Any], *, generic: bool, beyond_plan: Mapping[tuple[str, int], Any] | None = None
+    ) -> RDPCurve:
         """The search's curve: its brackets' bound, plus units charged outside any bracket.
 
-        ``beyond_plan``: spends reported past the plan; one that no number of units covers
-        is composed whole into every bracket's run (it may be in any of them).
+        ``beyond_plan``: (trial id, attempt) -> a spend reported past the plan. One that no number of
+        units covers is composed whole: into every bracket's run for a trial in a bracket (it
+        may be in any of them), on top of the whole bound for a trial outside every bracket.
         """
         unit = unit_spend(plan, units_per_plan=self.max_t)
         bracket = unit.repeated(max([self.budget_units, *(u for b, u in self.units.items() if b is not None)]))
-        base = bracket.curve()
-        for spent in beyond_plan:
+        base, on_top = bracket.curve(), []
+        for (trial_id, _), spent in (beyond_plan or {}).items():
             if self.units_needed(plan, spent) is None:
-                base = base + curve_from_report(spent)
+                if self.bracket_of.get(trial_id) is None:
+                    on_top.append(curve_from_report(spent))
+                else:
+                    base = base + curve_from_report(spent)
         curve = base if self.law is None else repeat_and_select(base, self.law, generic=generic)
         outside = self.units.get(None, 0)
-        return curve + unit.repeated(outside).curve() if outside else curve
+        curve = curve + unit.repeated(outside).curve() if outside else curve
+        for spent_curve in on_top:
+            curve = curve + spent_curve
+        return curve
