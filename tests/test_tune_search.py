@@ -145,6 +145,17 @@ def test_spending_above_the_plan_stops_the_search(tmp_path):
 
     with pytest.raises(Exception, match="above its plan"):
         run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), greedy)
+    # It ran 41 steps: the journal, read back after the stop, charges them (not the plan's 40).
+    from ray_dptune.accounting.account import Mechanism, SearchAccount
+    from ray_dptune.journal import JOURNAL_FILE, SearchJournal
+
+    def planned(plan):
+        return SearchAccount(Mechanism.random_count(law=PointMass(1), num_trials=1), delta=DELTA, plan=plan.to_dict())
+
+    ran = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=41)
+    journaled = SearchJournal(str(tmp_path / "search" / JOURNAL_FILE)).account().guarantee().epsilon
+    assert journaled == pytest.approx(planned(ran).guarantee().epsilon, rel=1e-12)
+    assert journaled > planned(PLAN).guarantee().epsilon
 
 
 def test_a_result_without_a_privacy_report_stops_the_search(tmp_path):
