@@ -101,12 +101,7 @@ def render(record: dict[str, Any]) -> str:
     lines = [
         "# Utility of the tighter calibration: digits searches at σ_ours vs σ_dp_accounting",
         "",
-        f"- Command: `{env['command']}`",
-        f"- Date (UTC): {env['date']}",
-        f"- ray_dptune: commit {env['git_commit']}",
-        f"- Versions: {env['versions']}",
-        f"- Machine: {env['machine']}; {env['workers']} worker processes, torch threads 1 each",
-        f"- Wall time: {record['runtime_s']:.0f} s",
+        *bench.header_lines(env, f"{record['runtime_s']:.0f} s"),
         "",
         f"Setting: the Poisson(8) random-count search of `benchmarks/private_scheduler.py` (digits, batch 64, "
         f"q = 64/1437, {plan.steps} steps a trial, δ = {bench.DELTA:g}). σ_ours is `calibrate_noise_multiplier`'s "

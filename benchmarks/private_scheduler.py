@@ -540,6 +540,18 @@ def environment(workers: int) -> dict[str, Any]:
     }
 
 
+def header_lines(env: dict[str, Any], wall_time: str) -> list[str]:
+    """The run's provenance, as the first bullets of a results file."""
+    return [
+        f"- Command: `{env['command']}`",
+        f"- Date (UTC): {env['date']}",
+        f"- ray_dptune: commit {env['git_commit']}",
+        f"- Versions: {env['versions']}",
+        f"- Machine: {env['machine']}; {env['workers']} worker processes, torch threads 1 each",
+        f"- Wall time: {wall_time}",
+    ]
+
+
 def plus_minus(value: float, half: float, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if math.isnan(half) else f"{value:.{digits}f} ± {half:.{digits}f}"
 
@@ -550,12 +562,7 @@ def render(record: dict[str, Any]) -> str:
     lines = [
         "# Private successive halving vs random-count search and DP-HyPO, at equal total ε, on digits",
         "",
-        f"- Command: `{env['command']}`",
-        f"- Date (UTC): {env['date']}",
-        f"- ray_dptune: commit {env['git_commit']}",
-        f"- Versions: {env['versions']}",
-        f"- Machine: {env['machine']}; {env['workers']} worker processes, torch threads 1 each",
-        f"- Wall time: {record['runtime_s']:.0f} s (calibration {record['calibration_s']:.0f} s)",
+        *header_lines(env, f"{record['runtime_s']:.0f} s (calibration {record['calibration_s']:.0f} s)"),
         "",
         "Setting (`benchmarks/private_scheduler.py`'s docstring has the details): digits, `digits_cnn`, DP-SGD",
         f"with batch {BATCH_SIZE} (q = 64/1437, {steps // MAX_T} steps an epoch), a whole trial = {MAX_T} epochs = "

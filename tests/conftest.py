@@ -20,6 +20,21 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture
+def durable_syncs(monkeypatch):
+    """The ``durable`` flag of every journal transaction committed from now on (True: synchronous=FULL)."""
+    from ray_dptune.store import SQLiteStore
+
+    synced = []
+    transaction = SQLiteStore.transaction
+    monkeypatch.setattr(
+        SQLiteStore,
+        "transaction",
+        lambda self, *, durable: synced.append(durable) or transaction(self, durable=durable),
+    )
+    return synced
+
+
 FAST_MODULES = {
     "test_rdp.py",
     "test_selection.py",

@@ -104,10 +104,9 @@ def test_a_trial_that_spends_its_own_smaller_plan_is_not_an_early_stop():
 # ----------------------------------------------------------------------------- spends past the plan
 
 
-def test_a_trial_that_ran_past_the_plan_is_journaled_durably_and_bounded_as_it_ran(tmp_path, monkeypatch):
+def test_a_trial_that_ran_past_the_plan_is_journaled_durably_and_bounded_as_it_ran(tmp_path, request):
     """The report is committed (FULL) before PrivacyError, and the guarantee then uses what the trial ran."""
     from ray_dptune.journal import SearchJournal
-    from ray_dptune.store import SQLiteStore
 
     journal_path = str(tmp_path / "journal.db")
     searcher = RandomCountSearcher(PointMass(2), seed=0)
@@ -115,13 +114,7 @@ def test_a_trial_that_ran_past_the_plan_is_journaled_durably_and_bounded_as_it_r
     accountant.setup(num_samples=-1)
     accountant.on_trial_start(0, [], TRIAL)
     planned = accountant.account.guarantee().epsilon
-    synced = []
-    transaction = SQLiteStore.transaction
-    monkeypatch.setattr(
-        SQLiteStore,
-        "transaction",
-        lambda self, *, durable: synced.append(durable) or transaction(self, durable=durable),
-    )
+    synced = request.getfixturevalue("durable_syncs")
     ran = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=400)
     with pytest.raises(PrivacyError, match="above its plan"):
         accountant.on_trial_result(0, [], TRIAL, {"dp_plan": PLAN.to_dict(), "dp_spent": ran.to_dict()})

@@ -182,6 +182,18 @@ def test_secure_mode_and_adjusted_multiplier_run_opacus_own_noise():
     assert float(ours.std()) > 2.0  # σ = 4, not 1
 
 
+def test_opacus_still_names_its_adjusted_multiplier_as_the_fallback_expects():
+    """noise.py falls back to Opacus's noise when this attribute is set: if Opacus renamed it,
+    the in-place noise would use the smaller, unadjusted σ. Fails on such an Opacus release."""
+    import inspect
+
+    from opacus.utils.adaptive_clipping import adaptive_clipping_utils
+
+    attribute = "_adjusted_noise_multiplier"
+    assert attribute in inspect.getsource(DPOptimizerFastGradientClipping.add_noise)
+    assert f"optimizer.{attribute} =" in inspect.getsource(adaptive_clipping_utils)
+
+
 def test_a_sum_is_never_noised_twice():
     params = [nn.Parameter(torch.zeros(4))]
     optimizer = InPlaceNoiseDPOptimizerFastGradientClipping(

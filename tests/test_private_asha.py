@@ -151,18 +151,10 @@ def test_the_journal_rebuilds_the_same_charges(tmp_path):
     assert rebuilt.guarantee().epsilon == account.guarantee().epsilon
 
 
-def test_a_charge_is_synced_to_disk_before_the_segment_may_run(tmp_path, monkeypatch):
-    from ray_dptune.store import SQLiteStore
-
+def test_a_charge_is_synced_to_disk_before_the_segment_may_run(tmp_path, request):
     journal = SearchJournal(tmp_path / "journal.db")
     journal.begin("s", {"mechanism": Mechanism.halving(budget_units=9, max_t=MAX_T).to_dict(), "delta": DELTA})
-    synced = []
-    transaction = SQLiteStore.transaction
-    monkeypatch.setattr(
-        SQLiteStore,
-        "transaction",
-        lambda self, *, durable: synced.append(durable) or transaction(self, durable=durable),
-    )
+    synced = request.getfixturevalue("durable_syncs")
     journal.append([{"type": "charged", "trial_id": "a", "units": 2}])
     journal.append([{"type": "reported", "trial_id": "a", "spent": PLAN.to_dict()}])
     assert synced == [True, False]  # synchronous=FULL for the charge; a report may wait
@@ -185,11 +177,11 @@ def test_a_trial_that_ran_past_its_charge_is_charged_what_it_ran_even_past_the_b
     assert account.units_of("b") == MAX_T
 
 
-def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it_stops_the_run(tmp_path, monkeypatch):
+def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it_stops_the_run(
+    tmp_path, monkeypatch, request
+):
     """A trial reporting units nobody paid for ran them: the journal (synced) charges them, then PrivacyError."""
     from types import SimpleNamespace
-
-    from ray_dptune.store import SQLiteStore
 
     asha = PrivateASHAScheduler(max_t=MAX_T, grace_period=1, budget_trials=1, space=SPACE, seed=0)
     asha.searcher.set_search_properties("score", "max", SPACE)
@@ -203,13 +195,7 @@ def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it
     assert isinstance(asha.searcher.suggest("b"), dict)  # 2 of the budget's 3 units charged at suggestion
     accountant.on_trial_start(0, [], trial)
     paid = accountant.account.guarantee().epsilon  # the budget: one DP-SGD run of 3 units (60 steps)
-    synced = []
-    transaction = SQLiteStore.transaction
-    monkeypatch.setattr(
-        SQLiteStore,
-        "transaction",
-        lambda self, *, durable: synced.append(durable) or transaction(self, durable=durable),
-    )
+    synced = request.getfixturevalue("durable_syncs")
     ran = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=60)  # 3 units
     with pytest.raises(PrivacyError, match="beyond the 1 time units charged"):
         accountant.on_trial_result(0, [], trial, {"dp_plan": PLAN.to_dict(), "dp_spent": ran.to_dict()})
