@@ -8,20 +8,32 @@ rebuilds it exactly after any fault (:mod:`ray_dptune.journal`).
 **The rule.** The mechanism's bound covers a fixed number of attempts: the last
 attempt of at most ``cover_cap`` accounted trials (K for random-count and DP-HyPO
 searches, the final training for constant-overhead tuning, none for plain
-composition). Every other attempt that may have touched the data — failed, superseded
-by a retry, interrupted by a restore, of a trial beyond the cap, or a suggestion whose
-fate is unknown — is composed at the full plan (Mironov 2017, Prop. 1: RDP composes
-adaptively). A live attempt is covered while its driver lives; once the driver is gone
-(:meth:`SearchAccount.restored`) it is charged. ``if_stopped_now=True`` charges live
-attempts too: the durable worst case a ledger keeps. An attempt that reports spending
-past the plan is bounded as it ran: for every attempt, the plan gives way to a curve
-both satisfy (:func:`ray_dptune.accounting.spend.covering_curve`).
+composition). A trial's last attempt is covered whatever its end — completed, failed
+with no retry, or interrupted by a live driver that recorded it — because a failed or
+stopped run is one run of the base algorithm whose output is "failed": a post-processing
+of that run, so it satisfies the plan's profile, ranked last and never released (the
+bounds of P&S Thms 2/6, Lemma 7 and DP-HyPO Thm 1 hold for any base mechanism within the
+profile). Every other attempt that may have touched the data — superseded by a retry
+(charged when Tune grants the retry, before it can start), left live by a driver that
+died (:meth:`SearchAccount.restored`), of a trial beyond the cap — is composed at the
+full plan (Mironov 2017, Prop. 1: RDP composes adaptively). ``if_stopped_now=True``
+charges live attempts too: the durable worst case a ledger keeps. An attempt that reports
+spending past the plan is bounded as it ran: for every attempt, the plan gives way to a
+curve both satisfy (:func:`ray_dptune.accounting.spend.covering_curve`).
+
+**A budget.** Each charged attempt adds the same plan curve, so the possible
+guarantees form a chain: selection + n·plan. A search with a target admits an event
+only when :meth:`SearchAccount.guarantee_after` stays within it, i.e. n never passes a
+number fixed before the search by (target, plan, selection): a Rényi filter with a
+data-independent budget (Feldman & Zrnic 2021, Thm 3.3), so the cap holds although the
+number of retries depends on the run.
 
 No Ray, no torch.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -37,14 +49,20 @@ from ray_dptune.errors import PrivacyError
 __all__ = [
     "ACCOUNT_VERSION",
     "ATTEMPT_STATES",
+    "CHARGING_EVENTS",
+    "ENDED_STATES",
     "Mechanism",
     "SearchAccount",
 ]
 
 ACCOUNT_VERSION = 1
-ATTEMPT_STATES = ("suggested", "started", "reporting", "completed", "failed", "unknown")
+ATTEMPT_STATES = ("suggested", "started", "reporting", "completed", "failed", "interrupted", "unknown")
 LIVE_STATES = frozenset({"suggested", "started", "reporting"})
-_COVERABLE = LIVE_STATES | {"completed"}
+ENDED_STATES = frozenset({"completed", "failed", "interrupted"})
+"""A last attempt in one of these ended under a live driver and is covered by the mechanism's bound
+(unless it failed and Tune retries it: ``retry`` in the attempt)."""
+CHARGING_EVENTS = frozenset({"suggested", "started", "failed", "selection", "release", "charged"})
+"""Events that may add privacy cost before anything runs: a budget admits them first."""
 
 
 @dataclass
@@ -91,8 +109,8 @@ class SearchAccount:
         self.releases: list[dict[str, Any]] = []  # searcher releases (DP-BO)
         self.restores = 0
         self._attempts = 0  # accounted attempts, every state
-        self._coverable = 0  # accounted trials whose last attempt is live or completed
-        self._completed = 0  # accounted trials whose last attempt completed
+        self._coverable = 0  # accounted trials whose last attempt is live or ended (not to be retried)
+        self._settled = 0  # accounted trials whose last attempt ended (not to be retried)
         self._trials_completed = 0  # every trial whose last attempt completed
         self._budget = HalvingBudget(mechanism.params) if mechanism.kind == "halving" else None
         self.beyond_plan: dict[tuple[str, int], Any] = {}  # (trial, attempt) -> a spend the plan does not cover
@@ -148,10 +166,17 @@ class SearchAccount:
             if trial.accounted and None not in (self.plan, spent) and not report_covers(self.plan, spent):
                 self.beyond_plan[(trial_id, len(trial.attempts))] = spent  # it ran: bounded as it ran
             self._charge_overrun(trial_id, spent)
-        elif kind in ("completed", "failed"):
+        elif kind in ("completed", "failed", "interrupted"):
             trial = self.trials.get(trial_id)
             if trial is not None and trial.last in LIVE_STATES:
-                self._set_state(trial_id, kind)
+                attempt = trial.attempts[-1]
+                self._count(trial, -1)
+                attempt["state"] = kind
+                if event.get("retry"):
+                    attempt["retry"] = True  # Tune re-runs the trial: this attempt is charged from now on
+                if event.get("refused"):
+                    attempt["refused"] = str(event["refused"])  # a retry the budget could not pay for
+                self._count(trial, +1)
         else:
             raise ValueError(f"Unknown account event {kind!r}.")
 
@@ -202,18 +227,74 @@ class SearchAccount:
         """Accounted attempts outside the mechanism's bound, each composed at the full plan."""
         if self.mechanism.kind == "halving":
             return 0  # every attempt is charged by its units, inside the budget
-        covered = self._completed if if_stopped_now else self._coverable
+        covered = self._settled if if_stopped_now else self._coverable
         return self._attempts - min(self.mechanism.cover_cap, covered)
 
-    def guarantee(self, *, if_stopped_now: bool = False) -> Guarantee:
-        """The whole search's (ε, δ): the mechanism's bound plus every charged attempt at its plan."""
-        charged = self.charged_attempts(if_stopped_now=if_stopped_now)
+    def guarantee(self, *, if_stopped_now: bool = False, extra_charges: int = 0) -> Guarantee:
+        """The whole search's (ε, δ): the mechanism's bound plus every charged attempt at its plan.
+
+        Args:
+            if_stopped_now: charge live attempts too (the durable worst case).
+            extra_charges: that many more attempts composed at the plan (headroom for retries).
+        """
+        if extra_charges < 0:
+            raise ValueError(f"extra_charges must be >= 0, got {extra_charges}.")
+        if extra_charges and self.mechanism.kind == "halving":
+            raise ValueError("A halving search pays for every attempt from its budget of time units, not by attempts.")
+        charged = self.charged_attempts(if_stopped_now=if_stopped_now) + extra_charges
         key = ("guarantee", charged, self.selections, len(self.releases), self.units_charged, self._plan_key())
         key += (json.dumps(list(self.beyond_plan.values()), sort_keys=True),)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._compute(charged)
         return cached
+
+    def guarantee_after(self, event: Mapping[str, Any]) -> Guarantee:
+        """The guarantee as it would be once ``event`` is applied (the account itself is unchanged).
+
+        A charging event touches one trial and the counters, so they are set aside and
+        put back: O(1) in the number of trials. A halving search's events are admitted by
+        its budget of units instead (:meth:`admit`); its guarantee is returned unchanged.
+        """
+        if event["type"] not in CHARGING_EVENTS or self._budget is not None:
+            return self.guarantee()
+        trial_id = str(event.get("trial_id"))
+        saved_trial = self.trials.get(trial_id)
+        saved = (
+            self._attempts,
+            self._coverable,
+            self._settled,
+            self._trials_completed,
+            self.selections,
+            list(self.releases),
+            None if saved_trial is None else copy.deepcopy(saved_trial),
+        )
+        try:
+            self.apply(event)
+            return self.guarantee()
+        finally:
+            self._attempts, self._coverable, self._settled, self._trials_completed = saved[:4]
+            self.selections, self.releases = saved[4], saved[5]
+            if saved_trial is None:
+                self.trials.pop(trial_id, None)
+            else:
+                self.trials[trial_id] = saved[6]
+
+    def unfinished(self) -> dict[str, int]:
+        """Accounted trials whose last attempt did not end its run, by why: ``{"live", "interrupted",
+        "unknown", "refused"}`` (a trial failed with its retry refused by the budget counts as refused)."""
+        counts = {"live": 0, "interrupted": 0, "unknown": 0, "refused": 0}
+        for trial in self.trials.values():
+            if not trial.accounted or not trial.attempts:
+                continue
+            last = trial.attempts[-1]
+            if last.get("refused"):
+                counts["refused"] += 1
+            elif last["state"] in LIVE_STATES:
+                counts["live"] += 1
+            elif last["state"] in ("interrupted", "unknown"):
+                counts[last["state"]] += 1
+        return counts
 
     def attempts_of(self, trial_id: str) -> list[dict[str, Any]]:
         return [dict(attempt) for attempt in self.trials[trial_id].attempts]
@@ -321,10 +402,11 @@ class SearchAccount:
             self._trials_completed += sign
         if not trial.accounted:
             return
-        if last in _COVERABLE:
+        ended = last in ENDED_STATES and not trial.attempts[-1].get("retry")
+        if ended or last in LIVE_STATES:
             self._coverable += sign
-        if last == "completed":
-            self._completed += sign
+        if ended:
+            self._settled += sign
 
 
 def _bracket(event: Mapping[str, Any]) -> int | None:

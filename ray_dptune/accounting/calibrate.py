@@ -38,6 +38,7 @@ def calibrate_noise_multiplier(
     density_ratio: float = 1.0,
     mechanism: Mechanism | None = None,
     generic: bool = True,
+    retries: int = 0,
     rtol: float = 1e-3,
 ) -> float:
     """The smallest noise multiplier σ (to ``rtol``) whose whole search meets (``epsilon``, ``delta``).
@@ -51,6 +52,10 @@ def calibrate_noise_multiplier(
     attempt charged. ε is non-increasing in σ, so σ is bracketed geometrically and
     bisected; the upper end of the bracket is returned, so the search never exceeds
     the target (as Opacus's ``get_noise_multiplier`` does for one run).
+
+    ``retries`` reserves headroom: the search with that many more attempts composed at
+    the plan (Tune's retries of failed trials, re-runs after an interrupted driver) still
+    meets the target, so a search with a hard cap can pay for them.
 
     Raises:
         PrivacyError: no σ up to MAX_NOISE_MULTIPLIER meets the target (e.g. the score
@@ -66,10 +71,12 @@ def calibrate_noise_multiplier(
         raise ValueError("Give exactly one of law= (a random-count search) and mechanism= (any searcher's).")
     if mechanism is None:
         mechanism = Mechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
+    retries = validate.integer("retries", retries, minimum=0)
 
     def spent(sigma: float) -> float:
         plan = plan_for(sigma).to_dict()
-        return SearchAccount(mechanism, delta=delta, plan=plan, generic=generic).guarantee().epsilon
+        account = SearchAccount(mechanism, delta=delta, plan=plan, generic=generic)
+        return account.guarantee(extra_charges=retries).epsilon
 
     low, high = 0.5, 1.0
     while spent(high) > epsilon:
