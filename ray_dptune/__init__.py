@@ -15,7 +15,7 @@ from ray_dptune.accounting import RDPCurve, repeat_and_select
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
-from ray_dptune.errors import PrivacyError, UnsupportedBoundError
+from ray_dptune.errors import BudgetExceededError, PrivacyError, UnsupportedBoundError
 
 __version__ = "0.1.0"
 
@@ -36,6 +36,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BudgetExceededError",
     "ConstantOverheadSearcher",
     "DPBOSearcher",
     "DPHyPOSearcher",

@@ -4,26 +4,38 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from typing import Any
 
 from ray.tune import Callback
 
-from ray_dptune.accounting.account import SearchAccount
+from ray_dptune import validate
+from ray_dptune.accounting.account import LIVE_STATES, SearchAccount
 from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.spend import TrialSpend, parse_report, report_covers
-from ray_dptune.errors import PrivacyError
-from ray_dptune.journal import JOURNAL_FILE, SearchJournal
+from ray_dptune.accounting.spend import TrialSpend, describe_excess, read_trial_reports, report_covers
+from ray_dptune.budget import SearchBudget
+from ray_dptune.errors import BudgetExceededError, PrivacyError
+from ray_dptune.journal import SearchJournal, journal_location
 from ray_dptune.ledger import PrivacyLedger
-from ray_dptune.report import REPORT_FILE, PrivacyReport, searcher_report, write_report
-from ray_dptune.schedulers import check_scheduler, running_scheduler
-from ray_dptune.search.base import PrivateSearcher, refuse_truncation
+from ray_dptune.report import REPORT_FILE, PrivacyReport, searcher_report, write_search_report
+from ray_dptune.schedulers import (
+    DATA_INDEPENDENT_STOP_KEYS,
+    check_scheduler,
+    check_stop,
+    end_trial_in_error,
+    running_controller,
+    stopped_by_rule,
+)
+from ray_dptune.search.base import private_searcher_of, refuse_truncation
 
-__all__ = ["PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
+__all__ = ["EPSILON_KEY", "PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
 
 PLAN_KEY = "dp_plan"
 SPENT_KEY = "dp_spent"
+EPSILON_KEY = "dp_search_epsilon"
+"""Added to every accounted result: the whole search's ε so far (Tune's loggers, TensorBoard, MLflow, W&B see it)."""
 
 
 class PrivacyAccountantCallback(Callback):
@@ -42,19 +54,31 @@ class PrivacyAccountantCallback(Callback):
     charges every attempt the killed driver left running or only suggested. A second
     search into the same experiment folder is refused.
 
-    Checks, each raising :class:`~ray_dptune.errors.PrivacyError`: a finite
-    ``num_samples`` below K; a plan above ``target_epsilon`` (before any trial when
-    ``plan`` is given); a result without a well-formed ``dp_plan`` and ``dp_spent``; a
-    trial whose plan the search's plan does not cover; spending above the plan; a trial
-    that ends before spending its plan (early stopping).
+    **The budget is a hard cap** (:class:`~ray_dptune.budget.SearchBudget`): with
+    ``target_epsilon``, an event that may add cost (a suggestion, a start, a retry Tune
+    grants, a searcher's selection) is admitted only while the guarantee after it stays
+    within the target, before it is journaled. A retry that does not fit ends its trial in
+    ERROR with :class:`~ray_dptune.errors.BudgetExceededError`; a start that does not fit
+    ends the search. A failed trial that is not retried costs nothing more. A spend past
+    the plan has run: it is charged as it ran and the search is stopped. A search that ends
+    before each of its trials ran to its end (Ctrl-C, ``time_budget_s``, a killed driver, a
+    refused retry) is recorded as incomplete, and ``release_best`` refuses it.
+
+    Refused before any trial (PrivacyError): a finite ``num_samples`` below K, a plan above
+    the target, a scheduler other than FIFO or the private ASHA, a ``stop=`` on a metric, a
+    wrapper other than ``ConcurrencyLimiter``. While running: a result without a valid
+    ``dp_plan`` and ``dp_spent``, a plan or spend past the search's plan, a trial ending
+    before its plan other than by a data-independent ``stop=``.
 
     Args:
-        searcher: the DP searcher (a :class:`~ray_dptune.search.base.PrivateSearcher`).
+        searcher: the DP searcher (a :class:`~ray_dptune.search.base.PrivateSearcher`), or
+            the ``ConcurrencyLimiter`` Tune runs it in.
         delta: δ of the reported (ε, δ).
         plan: the most one trial may spend (a :class:`TrialSpend`, e.g. from
             ``trainable.privacy_plan(param_space)``, or an :class:`RDPCurve`); when None,
             the first trial's reported plan becomes the search's plan. Required with ``ledger``.
-        target_epsilon: refuse to run a search whose guarantee would exceed it.
+        target_epsilon: the hard cap on the search's ε (the dataset's total with a ledger);
+            needs ``plan`` so that every attempt is checked before it runs.
         generic: also use the certified numeric P&S Lemma 7 bound (the default, the tightest;
             False: closed forms only).
         report_path: where ``privacy_report.json`` goes (default: the experiment folder).
@@ -81,21 +105,30 @@ class PrivacyAccountantCallback(Callback):
         dataset: str | None = None,
         verbose: bool = True,
     ):
-        if not isinstance(searcher, PrivateSearcher):
-            raise TypeError(
-                "searcher must be a ray_dptune DP searcher (RandomCountSearcher, DPHyPOSearcher, "
-                f"ConstantOverheadSearcher, DPBOSearcher), got {type(searcher).__name__}."
-            )
+        searcher = private_searcher_of(searcher)
         if (ledger is None) != (dataset is None):
             raise ValueError("ledger and dataset go together: pass both (or neither).")
-        if ledger is not None and plan is None and searcher.privacy_mechanism().kind != "release":
+        releases_itself = searcher.privacy_mechanism().kind == "release"
+        if ledger is not None and plan is None and not releases_itself:
             raise ValueError("A ledger needs plan= up front, so that every attempt is charged before it runs.")
+        if target_epsilon is not None:
+            target_epsilon = validate.finite_positive("target_epsilon", target_epsilon)
+            if plan is None and not releases_itself:
+                raise ValueError(
+                    "target_epsilon needs plan= (the most one trial may spend, e.g. trainable.privacy_plan(space)): "
+                    "without it the first trials would start before their cost is known."
+                )
         self._searcher = searcher  # read for metric, mode and its details, which change as it runs
         self._account = SearchAccount(
             searcher.privacy_mechanism(), delta=delta, plan=_plan_record(plan), generic=generic
         )
         self._search_id = uuid.uuid4().hex
-        self._target_epsilon = target_epsilon
+        self._budget = SearchBudget(
+            target_epsilon=target_epsilon,
+            account=lambda: self._account,
+            total=self._total_epsilon,
+            scope="The search's guarantee" if ledger is None else f"The dataset {dataset!r}'s total",
+        )
         self._report_path = report_path
         self._journal_path = journal_path
         self._journal: SearchJournal | None = None
@@ -107,10 +140,12 @@ class PrivacyAccountantCallback(Callback):
         self._violation: PrivacyError | None = None
         self._configs: dict[str, Any] = {}
         self._trial_plans: dict[str, dict] = {}
-        self._last_logged: tuple | None = None
+        self._last_logged: str | None = None
+        self._started_at: float | None = None
+        self._stop: Any = None  # the run's data-independent stop= criterion, if any
         searcher.attach_recorder(self._record)
         searcher.attach_account(lambda: self._account)  # replaced by the journal's on a restore
-        self._check_target()  # the plan is known: bound the search before Tune starts
+        self._budget.check()  # the plan is known: bound the search before Tune starts
 
     # ------------------------------------------------------------------ the guarantee
     def guarantee(self, *, if_stopped_now: bool = False) -> dict[str, Any]:
@@ -126,10 +161,28 @@ class PrivacyAccountantCallback(Callback):
         return self._account
 
     # ------------------------------------------------------------------ Tune hooks
+    @property
+    def target_epsilon(self) -> float | None:
+        """The hard cap on the search's ε, or None."""
+        return self._budget.target_epsilon
+
     def setup(self, **info: Any) -> None:
         if self._searcher.restore_refusal is not None:
             raise self._searcher.restore_refusal
-        check_scheduler(running_scheduler(), self._searcher)  # before any trial, on tune.run too
+        controller = running_controller()
+        if controller is not None:  # before any trial, on tune.run too
+            check_scheduler(controller.scheduler_alg, self._searcher)
+            search_alg = getattr(controller.search_alg, "searcher", controller.search_alg)
+            if private_searcher_of(search_alg) is not self._searcher:
+                raise PrivacyError(
+                    "Tune runs another searcher than the one given to PrivacyAccountantCallback: pass the same "
+                    "DP searcher (or the ConcurrencyLimiter around it) as search_alg."
+                )
+            self._stop = getattr(controller, "_stopper", None)  # Tune keeps a Stopper object only there
+        check_stop(info.get("stop"))
+        check_stop(self._stop)
+        self._stop = info.get("stop") or self._stop
+        self._started_at = self._started_at or time.time()
         if not self._restored:  # a restored experiment's spec no longer carries the user's num_samples
             refuse_truncation(info.get("num_samples"), self._searcher.num_trials)
         if self._journal_path is not None and (self._restored or os.path.exists(self._journal_path)):
@@ -142,56 +195,72 @@ class PrivacyAccountantCallback(Callback):
                     "restore it with the dataset it started on."
                 )
             self._update_ledger(force=True)
-        self._check_target()
+        self._budget.check()
+        if self._restored:
+            self._budget.check_resumable()
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self._journal is None:
-            location = self._journal_location(trial)
+            location = self._journal_path or journal_location(trial)
             if location is not None:
                 self._open_journal(location)
         self._configs[trial.trial_id] = _jsonable(trial.config)
         accounted = bool(self._searcher.accounts_trial(trial.config))
+        # Refused (BudgetExceededError) before it is journaled: Tune then ends the search before this attempt
+        # is handed to its worker (a retry that does not fit is refused earlier, in on_trial_recover).
         self._record({"type": "started", "trial_id": trial.trial_id, "accounted": accounted})
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if trial.trial_id in self._account.trials and not self._account.is_accounted(trial.trial_id):
             return
-        trial_plan, spent = self._read_report(trial.trial_id, result)
+        trial_plan, spent = read_trial_reports(result, trial_id=trial.trial_id, keys=(PLAN_KEY, SPENT_KEY))
         if self._account.plan is None:
             self._record({"type": "plan", "plan": trial_plan})
-            self._check_target()
-        beyond_plan = not (report_covers(trial_plan, spent) and report_covers(self._account.plan, spent))
+            self._budget.check()
+        search_plan = self._account.plan
+        beyond_plan = not (report_covers(trial_plan, spent) and report_covers(search_plan, spent))
         if beyond_plan or not self._account.within_charge(trial.trial_id, spent):
             paid = self._account.units_of(trial.trial_id)
             # It ran them: the account charges what it reports (synced) before the run is stopped.
             self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent, "overrun": True})
-            raise PrivacyError(
-                f"Trial {trial.trial_id} reported spending {spent}, "
-                + (f"above its plan {trial_plan}" if beyond_plan else f"beyond the {paid} time units charged to it")
-                + ": the search is stopped, and the guarantee now bounds that trial as it ran."
+            excess = describe_excess(search_plan if report_covers(trial_plan, spent) else trial_plan, spent)
+            self._violation = PrivacyError(
+                f"Trial {trial.trial_id} reported spending past "
+                + (f"its plan: {excess}" if beyond_plan else f"the {paid} time units charged to it")
+                + f". Spent: {spent}; the search's plan: {search_plan}. The search is stopped and nothing may be "
+                f"released; the guarantee bounds that trial as it ran: ε = {self._budget.epsilon():.4g}."
             )
-        if not report_covers(self._account.plan, trial_plan):
+            raise self._violation
+        if not report_covers(search_plan, trial_plan):
             raise PrivacyError(
-                f"Trial {trial.trial_id} plans to spend {trial_plan}, which the search's plan {self._account.plan} "
-                "does not cover; every trial must satisfy one plan (the guarantee assumes it)."
+                f"Trial {trial.trial_id} plans to spend past the search's plan: {describe_excess(search_plan, trial_plan)}."
+                f" Its plan: {trial_plan}; the search's: {search_plan}. Every trial must satisfy one plan (the "
+                "guarantee assumes it): check opacus_plan(dataset_size=...) is the training split's size."
             )
         self._trial_plans[trial.trial_id] = trial_plan
         self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent})
+        result[EPSILON_KEY] = self._account.guarantee().epsilon  # Tune's loggers see the whole search's ε
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record({"type": "completed", "trial_id": trial.trial_id})
         if not self._account.is_accounted(trial.trial_id) or self._account.mechanism.kind == "halving":
             return  # a halving search's scheduler stops trials, each charged for what it may have run
+        last = self._account.attempts_of(trial.trial_id)[-1]
+        if last["state"] != "completed":
+            return  # ended otherwise (a refused retry: Tune stops it through here)
         own_plan = self._trial_plans.get(trial.trial_id)
-        spent = self._account.attempts_of(trial.trial_id)[-1]["spent"]
+        spent = last["spent"]
         if own_plan is not None and spent is not None and report_covers(spent, own_plan):
             return  # the trial ran its whole plan
+        if stopped_by_rule(self._stop, getattr(trial, "last_result", None) or {}):
+            return  # a prefix of its plan: a post-processing of it
         # Tune logs and swallows errors raised while it stops a trial: raise at the next step.
         self._violation = PrivacyError(
             f"Trial {trial.trial_id} ended without error before spending its plan: it was stopped early "
             "(by a scheduler such as ASHA, HyperBand, PBT or median stopping, or by a `stop=` criterion). "
             "Metric-driven early stopping is not covered by any proven bound for a DP searcher; use "
-            "ray_dptune.private_tune_config (FIFO) and let every trial run its plan."
+            "ray_dptune.private_tune_config (FIFO) and let every trial run its plan (a stop= on "
+            f"{sorted(DATA_INDEPENDENT_STOP_KEYS)} is allowed)."
         )
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
@@ -202,21 +271,25 @@ class PrivacyAccountantCallback(Callback):
         self._record({"type": "failed", "trial_id": trial.trial_id})
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._record({"type": "failed", "trial_id": trial.trial_id})
+        """Tune re-queued the failed trial: the failed attempt is charged now, before the retry can start."""
+        try:
+            self._record({"type": "failed", "trial_id": trial.trial_id, "retry": True})
+        except BudgetExceededError as refusal:
+            self._record({"type": "failed", "trial_id": trial.trial_id, "refused": str(refusal)})
+            end_trial_in_error(trial, refusal)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
+        for trial_id, record in list(self._account.trials.items()):
+            if record.last in LIVE_STATES:  # stopped by this driver before it ended: Ctrl-C, time budget, an error
+                self._record({"type": "interrupted", "trial_id": trial_id})
+        complete, reason = self._budget.completeness(searcher=self._searcher, violation=self._violation)
+        self._record({"type": "ended", "complete": complete, "reason": reason})
+        self._update_ledger(force=True)
+        path = write_search_report(self.report(), report_path=self._report_path, trials=trials)
+        if self._verbose:
+            print(f"[ray_dptune] {self._budget.end_line(complete=complete, reason=reason, path=path)}", flush=True)
         if self._violation is not None:
             raise self._violation
-        self._update_ledger(force=True)
-        path = self._write_report(trials)
-        if self._verbose:
-            epsilon = self.guarantee(if_stopped_now=True)["epsilon"]
-            shown = "n/a (no trial reported a plan)" if epsilon is None else f"{epsilon:.4g}"
-            print(
-                f"[ray_dptune] search done: (ε = {shown}, δ = {self._account.delta:g}) for the whole search; "
-                f"report: {path or 'not written (no trial ran; pass report_path=)'}",
-                flush=True,
-            )
 
     def get_state(self) -> dict[str, Any]:
         """Only where the account lives: the journal, not Tune's checkpoint, is the record."""
@@ -229,7 +302,11 @@ class PrivacyAccountantCallback(Callback):
 
     # ------------------------------------------------------------------ report
     def report(self) -> PrivacyReport:
-        """The privacy report: mechanism, plan, every attempt, the final (ε, δ), coverage."""
+        """The privacy report: target and whether it held, complete or not, every attempt, the final (ε, δ)."""
+        target = None
+        if self._budget.target_epsilon is not None:
+            target = {"epsilon": self._budget.target_epsilon, "delta": self._account.delta, "held": self._budget.held()}
+        complete, reason = self._budget.completeness(searcher=self._searcher, violation=self._violation)
         return searcher_report(
             self._searcher,
             self._account,
@@ -239,12 +316,17 @@ class PrivacyAccountantCallback(Callback):
             dataset=self._dataset,
             ledger=None if self._ledger is None else {"path": self._ledger.path, "search": self._search_id},
             journal=None if self._journal is None else self._journal.path,
+            target=target,
+            complete=complete,
+            incomplete_reason=reason,
+            started_at=self._started_at,
         )
 
     # ------------------------------------------------------------------ the journal
     def _record(self, event: dict[str, Any]) -> None:
-        """Write-ahead: the event reaches the journal (synced when it adds cost) before the account."""
+        """Write-ahead: the event is admitted, reaches the journal (synced when it adds cost), then the account."""
         self._account.admit(event)  # a charge past a halving search's budget is refused before it is written
+        self._budget.admit(event)  # a charge past the target likewise
         if self._journal is not None:
             self._journal.append([event])
         else:
@@ -252,23 +334,6 @@ class PrivacyAccountantCallback(Callback):
         self._account.apply(event)
         self._update_ledger()
         self._log_progress()
-
-    def _journal_location(self, trial: Any) -> str | None:
-        if self._journal_path is not None:
-            return self._journal_path
-        storage = getattr(trial, "storage", None)
-        if storage is None:
-            return None  # not a Tune trial (unit use): the account stays in memory
-        import pyarrow.fs
-
-        if not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
-            raise PrivacyError(
-                f"The experiment's storage ({type(storage.storage_filesystem).__name__}) is not a local or mounted "
-                "filesystem, so the write-ahead journal cannot be synced there: pass journal_path= on a disk the "
-                "driver writes to (local or NFS)."
-            )
-        os.makedirs(storage.experiment_fs_path, exist_ok=True)
-        return os.path.join(storage.experiment_fs_path, JOURNAL_FILE)
 
     def _open_journal(self, path: str) -> None:
         """Starts the journal, or (after a restore) rebuilds the account from it and charges the interrupted."""
@@ -302,6 +367,7 @@ class PrivacyAccountantCallback(Callback):
             "plan": self._account.plan,
             "searcher": type(self._searcher).__name__,
             "dataset": self._dataset,
+            "target_epsilon": self._budget.target_epsilon,
         }
 
     # ------------------------------------------------------------------ ledger and target
@@ -311,19 +377,16 @@ class PrivacyAccountantCallback(Callback):
             return
         account = self._account
         charge = (account.charged_attempts(if_stopped_now=True), account.selections, len(account.releases))
-        if charge == self._ledger_charge and not force:
-            return
-        summary = {
-            "searcher": type(self._searcher).__name__,
-            "mechanism": account.mechanism.to_dict(),
-            "plan": account.plan,
-            "trials": account.num_trials_started,
-            "charged_attempts": charge[0],
-            "journal": None if self._journal is None else self._journal.path,
-        }
-        guarantee = account.guarantee(if_stopped_now=True)
-        self._ledger.record_search(self._search_id, dataset=self._dataset, guarantee=guarantee, summary=summary)
-        self._ledger_charge = charge
+        if charge != self._ledger_charge or force:
+            journal = None if self._journal is None else self._journal.path
+            searcher = type(self._searcher).__name__
+            self._ledger.record_account(self._search_id, dataset=self._dataset, account=account, searcher=searcher,
+                                        journal=journal)
+            self._ledger_charge = charge
+
+    def _total_epsilon(self, guarantee: Guarantee) -> float | None:
+        """The ε the budget applies to: the dataset's total with a ledger, else the search's."""
+        return guarantee.epsilon if self._ledger is None else self._dataset_epsilon(guarantee)
 
     def _dataset_epsilon(self, guarantee: Guarantee) -> float | None:
         if self._ledger is None or guarantee.epsilon is None:
@@ -332,74 +395,15 @@ class PrivacyAccountantCallback(Callback):
             self._dataset, delta=self._account.delta, exclude=self._search_id, extra=guarantee
         )
 
-    def _check_target(self) -> None:
-        if self._target_epsilon is None:
-            return
-        guarantee = self.guarantee()
-        epsilon = guarantee["epsilon"] if guarantee["epsilon_dataset"] is None else guarantee["epsilon_dataset"]
-        if epsilon is not None and epsilon > self._target_epsilon:
-            scope = "This search's guarantee" if self._ledger is None else f"The dataset {self._dataset!r}'s total"
-            raise PrivacyError(
-                f"{scope} is ε = {epsilon:.4g} at δ = {self._account.delta:g}, above target_epsilon = "
-                f"{self._target_epsilon}. Raise the noise (ray_dptune.calibrate_noise_multiplier finds it) or "
-                "lower the expected number of trials."
-            )
-
     # ------------------------------------------------------------------ helpers
-    def _write_report(self, trials: list) -> str | None:
-        """Writes the report to ``report_path`` or the experiment's storage; returns where.
-
-        With K = 0 no trial exists to locate the experiment's storage; the report
-        then goes to ``report_path`` only (the release is data-independent anyway).
-        """
-        import pyarrow.fs
-
-        if self._report_path:
-            write_report(pyarrow.fs.LocalFileSystem(), os.path.abspath(self._report_path), self.report())
-            return self._report_path
-        if not trials:
-            return None
-        storage = trials[0].storage  # the experiment's folder on its storage (local or shared)
-        path = f"{storage.experiment_fs_path}/{REPORT_FILE}"
-        write_report(storage.storage_filesystem, path, self.report())
-        return path
-
-    def _read_report(self, trial_id: str, result: dict) -> tuple[dict, dict]:
-        records = []
-        for key in (PLAN_KEY, SPENT_KEY):
-            record = result.get(key)
-            try:
-                parse_report(record)
-            except ValueError as error:
-                raise PrivacyError(
-                    f"Trial {trial_id} reported a result without a valid {key!r} ({error}). A DP trainable "
-                    "must report its plan and what it has spent with every result (ray_dptune.dp_trainable does)."
-                ) from error
-            records.append(record)
-        return records[0], records[1]
-
     def _log_progress(self) -> None:
         """O(1): the account keeps counters and caches the curve per count of charged attempts."""
         if not self._verbose or self._account.plan is None:
             return
-        account = self._account
-        guarantee = account.guarantee()
-        state = (guarantee.epsilon, account.trials_completed, guarantee.charged_attempts, account.units_charged)
-        if state != self._last_logged:
-            if account.mechanism.kind == "halving":  # the number of trials is not fixed: the budget is
-                done = (
-                    f"trials {state[1]} done; {state[3]}/{account.mechanism.params['budget_units']} time units charged"
-                )
-            else:
-                done = (
-                    f"trials {state[1]}/{self._searcher.num_trials} done; {state[2]} attempt(s) charged beyond the "
-                    "selection bound"
-                )
-            print(
-                f"[ray_dptune] whole search: (ε = {guarantee.epsilon:.4g}, δ = {account.delta:g}); {done}",
-                flush=True,
-            )
-            self._last_logged = state
+        line = self._budget.progress_line(num_trials=self._searcher.num_trials)
+        if line != self._last_logged:
+            print(f"[ray_dptune] {line}", flush=True)
+            self._last_logged = line
 
 
 def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict | None:

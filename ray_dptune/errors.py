@@ -16,3 +16,11 @@ class UnsupportedBoundError(PrivacyError, ValueError):
     Subclasses both :class:`PrivacyError` and :class:`ValueError`, so callers that
     validate arguments and callers that guard privacy can each catch it.
     """
+
+
+class BudgetExceededError(PrivacyError):
+    """A step of the search would take its guarantee past the ε the user set as its budget.
+
+    Raised before the step runs (the write-ahead charge is refused), so the budget is
+    never crossed by anything the search controls.
+    """

@@ -26,7 +26,7 @@ from ray_dptune.accounting.account import Mechanism, SearchAccount
 from ray_dptune.errors import PrivacyError
 from ray_dptune.store import SQLiteStore
 
-__all__ = ["JOURNAL_FILE", "SearchJournal", "journal_summary"]
+__all__ = ["JOURNAL_FILE", "SearchJournal", "journal_location", "journal_summary"]
 
 JOURNAL_FILE = "privacy_journal.db"
 _VERSION = 1
@@ -118,6 +118,27 @@ class SearchJournal:
         db.executemany(
             "INSERT INTO events (at, event) VALUES (?, ?)", [(now, json.dumps(dict(e), sort_keys=True)) for e in events]
         )
+
+
+def journal_location(trial: Any) -> str | None:
+    """Where a Tune trial's search keeps its journal: its experiment folder (None outside a Tune run).
+
+    Raises:
+        PrivacyError: the experiment's storage is not a local or mounted filesystem (no sync there).
+    """
+    storage = getattr(trial, "storage", None)
+    if storage is None:
+        return None  # not a Tune trial (unit use): the account stays in memory
+    import pyarrow.fs
+
+    if not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        raise PrivacyError(
+            f"The experiment's storage ({type(storage.storage_filesystem).__name__}) is not a local or mounted "
+            "filesystem, so the write-ahead journal cannot be synced there: pass journal_path= on a disk the "
+            "driver writes to (local or NFS)."
+        )
+    os.makedirs(storage.experiment_fs_path, exist_ok=True)
+    return os.path.join(storage.experiment_fs_path, JOURNAL_FILE)
 
 
 def journal_summary(path: str | os.PathLike) -> dict[str, Any]:

@@ -134,6 +134,21 @@ class PrivacyLedger:
                 )
             db.execute(_UPSERT, row)
 
+    def record_account(
+        self, search_id: str, *, dataset: str, account: Any, searcher: str, journal: str | None
+    ) -> None:
+        """Records a search's account as it stands: its worst case (every live attempt charged) and a summary."""
+        guarantee = account.guarantee(if_stopped_now=True)
+        summary = {
+            "searcher": searcher,
+            "mechanism": account.mechanism.to_dict(),
+            "plan": account.plan,
+            "trials": account.num_trials_started,
+            "charged_attempts": guarantee.charged_attempts,
+            "journal": journal,
+        }
+        self.record_search(search_id, dataset=dataset, guarantee=guarantee, summary=summary)
+
     # ------------------------------------------------------------------ reading
     def dataset_of(self, search_id: str) -> str | None:
         """The dataset ``search_id`` is recorded on, or None if it is not recorded."""

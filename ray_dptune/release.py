@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import posixpath
 from dataclasses import dataclass
@@ -9,7 +11,7 @@ from typing import Any
 
 from ray_dptune.errors import PrivacyError
 from ray_dptune.journal import JOURNAL_FILE
-from ray_dptune.report import REPORT_FILE, read_report
+from ray_dptune.report import REPORT_FILE, read_report, write_report
 
 __all__ = ["ReleasedTrial", "release_best"]
 
@@ -29,12 +31,16 @@ class ReleasedTrial:
         score: its final reported score (the selection metric).
         checkpoint_path: its last checkpoint, or None.
         guarantee: the whole search's (ε, δ) and what it covers, from the privacy report.
+        trial_id: the released trial's id (None when the searcher released its own output or K = 0).
+        state: the released trial's final state in the privacy report ("completed").
     """
 
     config: dict[str, Any]
     score: float | None
     checkpoint_path: str | None
     guarantee: dict[str, Any]
+    trial_id: str | None = None
+    state: str | None = None
 
     def __repr__(self) -> str:
         """The guarantee as its (ε, δ) only: its RDP curve (hundreds of orders) stays in ``guarantee``."""
@@ -44,7 +50,7 @@ class ReleasedTrial:
         else:
             summary = guarantee.get("note", "none")
         return (
-            f"ReleasedTrial(config={self.config!r}, score={self.score!r}, "
+            f"ReleasedTrial(trial_id={self.trial_id!r}, config={self.config!r}, score={self.score!r}, "
             f"checkpoint_path={self.checkpoint_path!r}, guarantee={summary})"
         )
 
@@ -58,7 +64,16 @@ def release_best(
     trial of constant-overhead tuning, or the (λ̃, ṽ) that DP Bayesian optimisation
     released itself (no checkpoint: retrain with λ̃). Otherwise it is the best trial by
     its *last* reported score (the run's output, as in Papernot & Steinke's "return the
-    best of the K runs").
+    best of the K runs"), among the trials whose run ended as planned: a failed trial's run
+    is one of the K with output "failed", and a NaN or ±inf score ranks below every finite
+    one. Both are fixed rules on the runs' outputs, so the selection bound still covers the
+    choice; neither is ever released.
+
+    Only a complete search within its budget is released. A search that stopped before its
+    K trials ended (Ctrl-C, ``time_budget_s``, a killed driver, a retry the budget refused)
+    is not: its bound covers the best of K runs, and an operator who stops after seeing good
+    scores makes K depend on the data. Finish it with ``tune.Tuner.restore(path, trainable)``
+    when its budget allows (the accountant says so when it ends).
 
     Args:
         results_or_path: a ``ResultGrid`` from ``Tuner.fit()``, ``tune.run``'s ``ExperimentAnalysis``, or
@@ -82,7 +97,8 @@ def release_best(
 
     Raises:
         PrivacyError: no privacy report in the experiment folder (the search ran
-            without PrivacyAccountantCallback), so no guarantee can be stated; or, with
+            without PrivacyAccountantCallback), so no guarantee can be stated; the search is
+            incomplete or ended above its target; no trial ended its run with a finite score; or, with
             ``purge=True``, the released trial's folder is not in the experiment folder
             (then nothing is deleted).
     """
@@ -104,8 +120,11 @@ def release_best(
             checkpoint_path=None,
             guarantee={"note": "No trial ran (K = 0): the release is independent of the data."},
         )
-    report = read_report(filesystem, f"{experiment_path}/{REPORT_FILE}").to_dict()  # through local, NFS, S3, GCS
-    guarantee = {**report["guarantee"], "covers": report["covers"]}
+    report_path = f"{experiment_path}/{REPORT_FILE}"
+    written = read_report(filesystem, report_path)  # through local, NFS, S3, GCS
+    report = written.to_dict()
+    _refuse_unreleasable(report, experiment_path)
+    guarantee = {**report["guarantee"], "covers": report["covers"], "target": report["target"]}
     details = report.get("details") or {}
     if "release" in details:  # the searcher released its own output (DP-BO's λ̃ and ṽ)
         if details["release"] is None:
@@ -116,8 +135,16 @@ def release_best(
         released, keep = ReleasedTrial(details["release"]["config"], details["release"]["score"], None, guarantee), None
     else:
         best, score = _released_trial(trials, report, details, metric, mode)
-        released = ReleasedTrial(dict(best.config), score, _checkpoint_path(best), guarantee)
+        trial_id = _trial_id(best)
+        state = (report["trials"].get(trial_id) or {}).get("state")
+        released = ReleasedTrial(dict(best.config), score, _checkpoint_path(best), guarantee, trial_id, state)
         keep = _trial_path(best)
+        if written.released_trial_id not in (None, trial_id):
+            raise PrivacyError(
+                f"This search already released trial {written.released_trial_id}; releasing {trial_id} too would "
+                "release two trials, which the guarantee does not cover."
+            )
+        write_report(filesystem, report_path, dataclasses.replace(written, released_trial_id=trial_id))
     if purge:
         _purge(filesystem, experiment_path, keep, trials, report)
     return released
@@ -179,6 +206,22 @@ def _fs_path(path: str) -> str:
     return posixpath.normpath(os.fspath(path).replace(os.sep, "/"))
 
 
+def _refuse_unreleasable(report: dict[str, Any], experiment_path: str) -> None:
+    """Raises PrivacyError for a search that is incomplete or ended above its target."""
+    if not report["complete"]:
+        raise PrivacyError(
+            f"The search in {experiment_path} is incomplete ({report['incomplete_reason']}): its bound covers the best "
+            "of all K trials, so nothing is released. Finish it with tune.Tuner.restore(path, trainable) if its budget "
+            "allows (the accountant printed whether it does when the run ended), or start a new search."
+        )
+    target = report.get("target")
+    if target is not None and not target["held"]:
+        raise PrivacyError(
+            f"The search in {experiment_path} ended at ε = {report['guarantee']['epsilon']:.4g}, above its target "
+            f"ε = {target['epsilon']:g} (a spend past its plan, or attempts of a killed driver): nothing is released."
+        )
+
+
 def _released_trial(
     trials: list, report: dict[str, Any], details: dict[str, Any], metric: str | None, mode: str | None
 ) -> tuple[Any, float | None]:
@@ -192,10 +235,15 @@ def _released_trial(
         return named[0], None if score is None else float(score)
     if metric is None or mode not in ("max", "min"):
         raise ValueError("Give metric= and mode='max'|'min': the search did not record them.")
-    candidates = [(_last_metrics(trial).get(metric), trial) for trial in trials]
-    candidates = [(score, trial) for score, trial in candidates if isinstance(score, (int, float))]
+    ended = {trial_id for trial_id, record in report["trials"].items() if record.get("state") == "completed"}
+    candidates = [(_last_metrics(trial).get(metric), trial) for trial in trials if _trial_id(trial) in ended]
+    candidates = [(s, trial) for s, trial in candidates if isinstance(s, (int, float)) and math.isfinite(s)]
     if not candidates:
-        raise ValueError(f"No trial reported the metric {metric!r}; nothing to select.")
+        raise PrivacyError(
+            f"No trial ran its plan to the end with a finite {metric!r} ({len(ended)} of {len(report['trials'])} "
+            "ended as planned): the best of the K runs is 'failed', and a failed or non-finite trial is never "
+            "released."
+        )
     sign = 1.0 if mode == "max" else -1.0
     score, best = max(candidates, key=lambda pair: sign * pair[0])
     return best, float(score)

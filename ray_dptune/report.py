@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import uuid
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from ray_dptune.errors import PrivacyError
 
-__all__ = ["REPORT_FILE", "REPORT_VERSION", "PrivacyReport", "read_report", "searcher_report", "write_report"]
+__all__ = ["REPORT_FILE", "REPORT_VERSION", "PrivacyReport", "read_report", "searcher_report", "write_report", "write_search_report"]
 
 REPORT_FILE = "privacy_report.json"
-REPORT_VERSION = 2
+REPORT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+"""Version 2 reports (before targets and completeness were recorded) still read; see :meth:`PrivacyReport.from_dict`."""
+_VERSIONED = ("ray_dptune", "ray", "torch", "opacus", "dp-accounting")
 _WITHHELD = "withheld: chosen from results the guarantee does not release"
 
 
@@ -21,8 +26,14 @@ _WITHHELD = "withheld: chosen from results the guarantee does not release"
 class PrivacyReport:
     """What a search spent, what it releases and what the guarantee covers.
 
+    The fields a person reads come first; the RDP curve (hundreds of orders) comes last.
+
     Attributes:
         search_id: the search's id (its journal holds the same).
+        target: the budget ``{"epsilon", "delta", "held"}`` (None: the search had none).
+        complete: True when every trial ran to its end; otherwise ``incomplete_reason`` says why
+            and nothing may be released.
+        released_trial_id: the trial :func:`~ray_dptune.release_best` released (None until then).
         searcher: the searcher's class name.
         mechanism: how the search is bounded (:class:`~ray_dptune.accounting.account.Mechanism` record).
         guarantee: (ε, δ) of the whole search and how it is made up.
@@ -35,6 +46,10 @@ class PrivacyReport:
 
     search_id: str
     searcher: str
+    target: dict[str, Any] | None
+    complete: bool
+    incomplete_reason: str | None
+    released_trial_id: str | None
     mechanism: dict[str, Any]
     guarantee: dict[str, Any]
     threat_model: str
@@ -55,6 +70,10 @@ class PrivacyReport:
     ledger: dict[str, Any] | None
     journal: str | None
     restores: int
+    started_at: float | None
+    ended_at: float | None
+    versions: dict[str, str | None]
+    curve: dict[str, Any] | None
     schema_version: int = REPORT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,11 +81,27 @@ class PrivacyReport:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> PrivacyReport:
+        """Reads this version's reports and version 2's (their curve inside ``guarantee``, no target:
+        they were written at the end of a search of unknown completeness, so they read as incomplete)."""
         version = record.get("schema_version")
-        if version != REPORT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise PrivacyError(
-                f"This privacy report has schema version {version!r}; this ray_dptune reads version "
-                f"{REPORT_VERSION}. Read it with the version that wrote it."
+                f"This privacy report has schema version {version!r}; this ray_dptune reads versions "
+                f"{READABLE_VERSIONS}. Read it with the version that wrote it."
+            )
+        record = dict(record)
+        if version == 2:
+            guarantee = dict(record["guarantee"])
+            record.update(
+                guarantee=guarantee,
+                curve=guarantee.pop("curve", None),
+                target=None,
+                complete=False,
+                incomplete_reason="written by a version that did not record completeness (report schema 2)",
+                released_trial_id=None,
+                started_at=None,
+                ended_at=None,
+                versions={},
             )
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in record.items() if key in names})
@@ -82,11 +117,16 @@ def searcher_report(
     dataset: str | None,
     ledger: dict[str, Any] | None,
     journal: str | None,
+    target: dict[str, Any] | None = None,
+    complete: bool = False,
+    incomplete_reason: str | None = None,
+    started_at: float | None = None,
 ) -> PrivacyReport:
     """The report of ``searcher``'s search from its account (configurations withheld for adaptive searchers)."""
     public = searcher.configs_public
     trials = {
         trial_id: {
+            "state": _final_state(record.attempts),
             "config": configs.get(trial_id, "unknown (started by an earlier driver)") if public else _WITHHELD,
             "accounted": record.accounted,
             "attempts": [dict(attempt) for attempt in record.attempts],
@@ -94,9 +134,15 @@ def searcher_report(
         for trial_id, record in account.trials.items()
     }
     run_count = hasattr(searcher, "distribution")
+    guarantee = dict(guarantee)
+    curve = guarantee.pop("curve", None)
     return PrivacyReport(
         search_id=search_id,
         searcher=type(searcher).__name__,
+        target=target,
+        complete=complete,
+        incomplete_reason=incomplete_reason,
+        released_trial_id=None,
         mechanism=account.mechanism.to_dict(),
         guarantee=guarantee,
         threat_model=searcher.threat_model,
@@ -117,7 +163,29 @@ def searcher_report(
         ledger=ledger,
         journal=journal,
         restores=account.restores,
+        started_at=started_at,
+        ended_at=time.time(),
+        versions=_versions(),
+        curve=curve,
     )
+
+
+def _final_state(attempts: list[dict[str, Any]]) -> str:
+    """A trial's state as a person reads it: its last attempt's, or "refused" (a retry the budget refused)."""
+    if not attempts:
+        return "unknown"
+    last = attempts[-1]
+    return "refused" if last.get("refused") else last["state"]
+
+
+def _versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def score_privacy(plan: dict | None) -> str:
@@ -145,6 +213,27 @@ def write_report(filesystem: Any, path: str, report: PrivacyReport) -> None:
     with filesystem.open_output_stream(temporary) as stream:
         stream.write(json.dumps(report.to_dict(), indent=2).encode())
     filesystem.move(temporary, path)
+
+
+def write_search_report(report: PrivacyReport, *, report_path: str | None, trials: list) -> str | None:
+    """Writes ``report`` to ``report_path`` or the experiment's storage (local or shared); returns where.
+
+    With K = 0 no trial exists to locate the experiment's storage; the report then goes
+    to ``report_path`` only (the release is data-independent anyway).
+    """
+    import os
+
+    import pyarrow.fs
+
+    if report_path:
+        write_report(pyarrow.fs.LocalFileSystem(), os.path.abspath(report_path), report)
+        return report_path
+    if not trials:
+        return None
+    storage = trials[0].storage
+    path = f"{storage.experiment_fs_path}/{REPORT_FILE}"
+    write_report(storage.storage_filesystem, path, report)
+    return path
 
 
 def read_report(filesystem: Any, path: str) -> PrivacyReport:

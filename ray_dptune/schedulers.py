@@ -10,8 +10,21 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from ray_dptune.accounting.spend import report_covers
 from ray_dptune.errors import PrivacyError
+from ray_dptune.search.base import private_searcher_of
 
-__all__ = ["PrivacyGuardScheduler", "check_scheduler", "private_tune_config"]
+__all__ = [
+    "DATA_INDEPENDENT_STOP_KEYS",
+    "PrivacyGuardScheduler",
+    "check_scheduler",
+    "check_stop",
+    "private_tune_config",
+    "end_trial_in_error",
+    "running_controller",
+    "stopped_by_rule",
+]
+
+DATA_INDEPENDENT_STOP_KEYS = frozenset({"training_iteration", "time_total_s"})
+"""Result keys a ``stop=`` dict may use under a DP searcher: a trial cut by them ran a prefix of its plan."""
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +53,7 @@ class PrivacyGuardScheduler(FIFOScheduler):
 
     def __init__(self, searcher: Any = None):
         super().__init__()
-        self._searcher = searcher
+        self._searcher = None if searcher is None else private_searcher_of(searcher)
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         from ray_dptune.callbacks import PLAN_KEY, SPENT_KEY
@@ -75,6 +88,7 @@ def check_scheduler(scheduler: Any, searcher: Any = None) -> None:
     """
     from ray_dptune.private_asha import PrivateASHAScheduler
 
+    searcher = None if searcher is None else private_searcher_of(searcher)
     own = getattr(searcher, "scheduler", None)
     if isinstance(own, PrivateASHAScheduler) and scheduler is not own:
         raise PrivacyError(
@@ -91,11 +105,11 @@ def check_scheduler(scheduler: Any, searcher: Any = None) -> None:
     raise PrivacyError(_EARLY_STOPPING.format(name=type(scheduler).__name__))
 
 
-def running_scheduler() -> Any:
-    """The scheduler of the Tune run that is calling us (``tune.run`` and ``Tuner.fit`` alike), or None.
+def running_controller() -> Any:
+    """The ``TuneController`` of the Tune run that is calling us (``tune.run`` and ``Tuner.fit`` alike), or None.
 
-    Tune hands callbacks no reference to its scheduler, so the accountant finds the
-    ``TuneController`` that calls its ``setup`` on the stack (its public ``scheduler_alg``).
+    Tune hands callbacks no reference to its run, so the accountant finds the controller
+    that calls its hook on the stack (and reads its public ``scheduler_alg`` and ``search_alg``).
     """
     import inspect
 
@@ -105,23 +119,94 @@ def running_scheduler() -> Any:
     while frame is not None:
         caller = frame.f_locals.get("self")
         if isinstance(caller, TuneController):
-            return caller.scheduler_alg
+            return caller
         frame = frame.f_back
     return None
+
+
+def check_stop(stop: Any) -> None:
+    """Raises PrivacyError unless the ``stop=`` criterion of a run is data-independent.
+
+    Accepted: a dict on ``training_iteration`` / ``time_total_s`` (a trial cut there ran a
+    prefix of its plan: a post-processing of it), ``MaximumIterationStopper``,
+    ``TimeoutStopper`` (``time_budget_s``: it ends the whole search, which is then
+    incomplete), and combinations of these. Refused: a dict on any other result key, a
+    function or any other ``Stopper``, which read the trials' results (data-dependent
+    early stopping, which no bound covers).
+    """
+    from ray.tune.stopper import CombinedStopper, MaximumIterationStopper, NoopStopper, TimeoutStopper
+
+    if not stop:
+        return
+    if isinstance(stop, dict):
+        metric_keys = sorted(set(stop) - DATA_INDEPENDENT_STOP_KEYS)
+        if metric_keys:
+            raise PrivacyError(
+                f"stop={stop!r} stops trials on {metric_keys}, results the trials compute from the data: that is "
+                "data-dependent early stopping, which no bound covers for a DP searcher. Allowed: "
+                f"{sorted(DATA_INDEPENDENT_STOP_KEYS)} (or time_budget_s for the whole search)."
+            )
+        return
+    if isinstance(stop, (list, tuple)):
+        for each in stop:
+            check_stop(each)
+        return
+    if isinstance(stop, CombinedStopper):
+        for each in stop._stoppers:  # noqa: SLF001 - Tune keeps the parts only there
+            check_stop(each)
+        return
+    if type(stop) in (MaximumIterationStopper, TimeoutStopper, NoopStopper):
+        return
+    raise PrivacyError(
+        f"stop={type(stop).__name__} may stop trials by reading their results: data-dependent early stopping, "
+        "which no bound covers for a DP searcher. Allowed: a dict on "
+        f"{sorted(DATA_INDEPENDENT_STOP_KEYS)}, MaximumIterationStopper, TimeoutStopper or time_budget_s."
+    )
+
+
+def stopped_by_rule(stop: Any, result: dict) -> bool:
+    """True when a data-independent ``stop=`` criterion (see :func:`check_stop`) ended the trial whose last result is
+    ``result``."""
+    from ray.tune.stopper import MaximumIterationStopper
+
+    if isinstance(stop, dict):
+        return any(key in result and result[key] >= value for key, value in stop.items())
+    if isinstance(stop, MaximumIterationStopper):
+        return result.get("training_iteration", 0) >= stop._max_iter  # noqa: SLF001 - its only record of the limit
+    return False
+
+
+def end_trial_in_error(trial: Any, error: Exception) -> None:
+    """Ends a trial Tune has re-queued (PENDING) in ERROR with ``error``, from inside a callback of the run.
+
+    Tune's ``stop_trial`` takes it out of scheduling and tells the searcher; the status setter
+    Tune lends its schedulers marks it ERROR, and ``handle_error`` writes ``error`` to its error
+    file, so ``ResultGrid`` shows why. Outside a Tune run, ``error`` is raised.
+    """
+    from ray.tune.experiment import Trial
+
+    controller = running_controller()
+    if controller is None:
+        raise error
+    controller.stop_trial(trial)
+    controller._set_trial_status(trial, Trial.ERROR)  # noqa: SLF001 - whitelisted by Tune for schedulers
+    trial.handle_error(error)
 
 
 def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> tune.TuneConfig:
     """A ``tune.TuneConfig`` for a DP searcher: ``num_samples=-1``, a FIFO guard, no early stopping.
 
     Args:
-        searcher: the DP searcher (its metric and mode are used when not given).
+        searcher: the DP searcher, or a ``ConcurrencyLimiter`` around it (its metric and mode
+            are used when not given); other wrappers raise PrivacyError.
         scheduler: None (the searcher's :class:`~ray_dptune.PrivateASHAScheduler`, else a
             :class:`PrivacyGuardScheduler`) or a FIFO scheduler; other adaptive ones raise PrivacyError.
         **kwargs: any other TuneConfig argument (``max_concurrent_trials``, ...);
             ``num_samples`` other than -1 raises PrivacyError.
     """
-    scheduler = scheduler or getattr(searcher, "scheduler", None)  # a PrivateASHAScheduler's searcher brings it
-    check_scheduler(scheduler, searcher)
+    own = private_searcher_of(searcher)
+    scheduler = scheduler or getattr(own, "scheduler", None)  # a PrivateASHAScheduler's searcher brings it
+    check_scheduler(scheduler, own)
     num_samples = kwargs.pop("num_samples", -1)
     if num_samples != -1:
         raise PrivacyError(
@@ -130,7 +215,7 @@ def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> 
         )
     return tune.TuneConfig(
         search_alg=searcher,
-        scheduler=scheduler or PrivacyGuardScheduler(searcher),
+        scheduler=scheduler or PrivacyGuardScheduler(own),
         num_samples=-1,
         **kwargs,
     )

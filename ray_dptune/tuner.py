@@ -15,8 +15,8 @@ from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.callbacks import PrivacyAccountantCallback
 from ray_dptune.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
-from ray_dptune.schedulers import private_tune_config
-from ray_dptune.search.base import PrivateSearcher
+from ray_dptune.schedulers import check_stop, private_tune_config
+from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
 
@@ -40,6 +40,7 @@ def private_tuner(
     tune_config: tune.TuneConfig | None = None,
     run_config: tune.RunConfig | None = None,
     generic: bool = True,
+    retries: int | None = None,
     ledger: Any = None,
     dataset: str | None = None,
     verbose: bool = True,
@@ -50,8 +51,15 @@ def private_tuner(
     over every trial's plan, as the account computes it — meets the budget (the upper end
     of a bisection, so never above it), puts σ into ``param_space`` as the constant
     ``"noise_multiplier"`` (so ``tune.Tuner.restore(path, trainable)`` works as in Tune),
-    and installs the accountant callback (with ``target_epsilon=epsilon``) and the FIFO
-    guard.
+    and installs the accountant callback (with ``target_epsilon=epsilon``: a hard cap) and
+    the FIFO guard.
+
+    The budget holds under every fault the search controls: no attempt starts whose charge
+    would cross it. A failed trial that is not retried costs nothing more; a retry (Tune's
+    ``FailureConfig(max_failures)``, or a re-run of an interrupted trial on
+    ``Tuner.restore``) costs one more run composed at the plan, so σ is calibrated with
+    ``retries`` of them reserved, and a retry beyond them is refused (its trial ends in
+    ERROR). A search that does not finish is incomplete and is not released.
 
     Args:
         trainable: a :func:`~ray_dptune.training.dp_trainable` built without ``noise_multiplier``.
@@ -59,7 +67,8 @@ def private_tuner(
         epsilon: ε of the whole search.
         delta: δ of the whole search.
         law: law of the number of trials K for a :class:`RandomCountSearcher` (e.g. ``Poisson(mean=8)``).
-        searcher: any DP searcher instead of ``law`` (DP-HyPO, constant overhead).
+        searcher: any DP searcher instead of ``law`` (DP-HyPO, constant overhead), or a
+            ``ConcurrencyLimiter`` around one.
         plan_for: for a trainable of your own (your Opacus loop reading ``config["noise_multiplier"]``
             and reporting :class:`~ray_dptune.training.OpacusSpend`): σ → the plan of one trial,
             e.g. :func:`~ray_dptune.training.opacus_plan`. Not needed for a ``dp_trainable``.
@@ -70,6 +79,9 @@ def private_tuner(
         run_config: ``tune.RunConfig`` passed through; the accountant is added to its callbacks.
         generic: also use the certified numeric P&S Lemma 7 bound and the base's exact profile (the
             default, the tightest; False: closed forms only, the cross-check).
+        retries: attempts the budget reserves for re-runs over the whole search (each composed at the
+            plan). Default: ``run_config.failure_config.max_failures`` (0 when unset); needed when
+            that is -1 (unlimited).
         ledger: a :class:`~ray_dptune.ledger.PrivacyLedger`; ``dataset`` names the data set.
             The report then also gives every search on it (``epsilon_dataset``).
         dataset: identifier of the private data set, with ``ledger``.
@@ -81,7 +93,9 @@ def private_tuner(
         ValueError: invalid arguments.
     """
     _check_budget(epsilon, delta)
+    search_alg = searcher
     searcher = _searcher(law, searcher, metric, mode)
+    search_alg = searcher if search_alg is None else search_alg  # the user's ConcurrencyLimiter stays around it
     mechanism = searcher.privacy_mechanism()
     if mechanism.kind == "release":
         raise UnsupportedBoundError(
@@ -97,11 +111,22 @@ def private_tuner(
         raise ValueError("ConstantOverheadSearcher's trials are planned by a dp_trainable; plan_for= is not supported.")
     if NOISE_KEY in param_space:
         raise ValueError(f"param_space must not set {NOISE_KEY!r}: private_tuner calibrates it for the budget.")
-    tuning = _tune_config(searcher, tune_config, metric=metric, mode=mode)  # cheap checks before calibrating
+    if not param_space and searcher.needs_space:
+        raise ValueError(
+            f"param_space is empty: {type(searcher).__name__} draws every trial's hyperparameters from it. Give the "
+            "space to search, e.g. {'lr': tune.loguniform(0.05, 4.0)}."
+        )
+    tuning = _tune_config(search_alg, tune_config, metric=metric, mode=mode)  # cheap checks before calibrating
+    if run_config is not None:
+        check_stop(run_config.stop)
+    retries = _reserved_retries(retries, run_config, mechanism)
     plan_for = plan_for or _plan_factory(trainable, dict(param_space), searcher)
-    sigma = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic)
+    sigma = calibrate_noise_multiplier(
+        plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic, retries=retries
+    )
     plan = plan_for(sigma)
-    spent = SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic).guarantee().epsilon
+    account = SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic)
+    spent = account.guarantee(extra_charges=retries).epsilon
     if spent > epsilon:  # calibrate returns the safe end; this is the account's own word on it
         raise PrivacyError(f"The calibrated search spends ε = {spent:.6g} > {epsilon}: refusing to run it.")
     accountant = PrivacyAccountantCallback(
@@ -129,15 +154,36 @@ def _check_budget(epsilon: float, delta: float) -> None:
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}.")
 
 
+def _reserved_retries(retries: int | None, run_config: tune.RunConfig | None, mechanism: Any) -> int:
+    """The re-runs the budget reserves: ``retries``, else Tune's ``max_failures`` (0 for a halving search,
+    which pays every attempt from its budget of time units)."""
+    if mechanism.kind == "halving":
+        if retries:
+            raise ValueError("A private halving search pays every attempt from its budget of time units: retries= "
+                             "does not apply; raise budget_trials instead.")
+        return 0
+    if retries is not None:
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0 (re-runs the budget reserves), got {retries!r}.")
+        return retries
+    failure = None if run_config is None else run_config.failure_config
+    max_failures = 0 if failure is None else failure.max_failures
+    if max_failures < 0:
+        raise ValueError(
+            "FailureConfig(max_failures=-1) retries without limit, which no finite budget pays for: pass "
+            "private_tuner(..., retries=R), the re-runs the whole search may pay for (each composed at the plan)."
+        )
+    return max_failures
+
+
 def _searcher(
-    law: RunCountDistribution | None, searcher: PrivateSearcher | None, metric: str | None, mode: str | None
+    law: RunCountDistribution | None, searcher: Any, metric: str | None, mode: str | None
 ) -> PrivateSearcher:
     if (law is None) == (searcher is None):
         raise ValueError("Give exactly one of law= (a random-count search) and searcher= (any DP searcher).")
     if searcher is None:
         return RandomCountSearcher(law, metric=metric, mode=mode)
-    if not isinstance(searcher, PrivateSearcher):
-        raise TypeError(f"searcher must be a ray_dptune DP searcher, got {type(searcher).__name__}.")
+    searcher = private_searcher_of(searcher)
     for name, value in (("metric", metric), ("mode", mode)):
         if value is not None and getattr(searcher, name) not in (None, value):
             raise ValueError(f"{name}={value!r} differs from the searcher's {getattr(searcher, name)!r}: set it once.")
@@ -164,13 +210,11 @@ def _plan_factory(trainable: Any, param_space: dict[str, Any], searcher: Private
     return plan_for
 
 
-def _tune_config(
-    searcher: PrivateSearcher, given: tune.TuneConfig | None, *, metric: str | None, mode: str | None
-) -> tune.TuneConfig:
+def _tune_config(search_alg: Any, given: tune.TuneConfig | None, *, metric: str | None, mode: str | None) -> tune.TuneConfig:
     """The user's TuneConfig, with the private search's searcher, guard and ``num_samples=-1``."""
     selection = {key: value for key, value in (("metric", metric), ("mode", mode)) if value is not None}
     if given is None:
-        return private_tune_config(searcher, **selection)
+        return private_tune_config(search_alg, **selection)
     if given.search_alg is not None:
         raise ValueError("Pass the DP searcher as private_tuner(searcher=...), not in tune_config.search_alg.")
     if given.num_samples not in (1, -1):  # 1 is TuneConfig's default
@@ -183,7 +227,7 @@ def _tune_config(
         for field in dataclasses.fields(given)
         if field.name not in _SEARCHER_OWNED and field.init
     }
-    return private_tune_config(searcher, **rest, **selection)
+    return private_tune_config(search_alg, **rest, **selection)
 
 
 def _run_config(given: tune.RunConfig | None, accountant: PrivacyAccountantCallback) -> tune.RunConfig:

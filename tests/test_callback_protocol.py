@@ -122,8 +122,14 @@ def test_searchers_outside_the_protocol_are_refused_and_the_ledger_takes_every_m
         accountant.setup(num_samples=-1)
     final = _trial("final", final=True)
     screened.on_trial_start(0, [], final)
-    screened.on_trial_error(0, [], final)  # one failed final attempt: charged on top
-    curve = ROUNDS + PLAN.curve() + PLAN.curve()
+    screened.on_trial_error(0, [], final)  # the final run failed, no retry: one run with output "failed", covered
+    assert screened.account.charged_attempts(if_stopped_now=True) == 0
+    screened.on_trial_start(0, [], final)  # re-run anyway (Tuner.restore(resume_errored=True)): the failure is charged
+    screened.on_trial_recover(0, [], final)  # failed again, and Tune retries it: charged before the retry starts
+    screened.on_trial_start(0, [], final)
+    screened.on_trial_error(0, [], final)  # the last attempt is covered
+    assert screened.account.charged_attempts(if_stopped_now=True) == 2
+    curve = ROUNDS + PLAN.curve() + PLAN.curve() + PLAN.curve()
     expected = curve.epsilon(delta=1e-5 - 1e-6) + 2.0  # basic composition with the (2, 1e-6) release
     assert ledger.dataset_epsilon("d", delta=1e-5) == pytest.approx(expected, rel=1e-9)
 

@@ -28,7 +28,7 @@ OTHER_ORDERS = 1.0 + np.logspace(-1.0, 2.5, 60)  # a grid that is not DEFAULT_OR
 
 
 def random_count(law=PointMass(2), plan=PLAN, failed=0):
-    """A random-count search's guarantee, with ``failed`` attempts charged at the plan."""
+    """A random-count search's guarantee, with ``failed`` retried attempts charged at the plan."""
     return _random_count(law, json.dumps(plan.to_dict()), failed)
 
 
@@ -37,7 +37,7 @@ def _random_count(law, plan, failed):
     account = SearchAccount(Mechanism.random_count(law=law, num_trials=2), delta=DELTA, plan=json.loads(plan))
     for index in range(failed):
         account.apply({"type": "started", "trial_id": f"t{index}", "accounted": True})
-        account.apply({"type": "failed", "trial_id": f"t{index}"})
+        account.apply({"type": "failed", "trial_id": f"t{index}", "retry": True})  # Tune retries it: charged
     return account.guarantee(if_stopped_now=True)
 
 

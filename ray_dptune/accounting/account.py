@@ -108,6 +108,7 @@ class SearchAccount:
         self.selections = 0  # sparse-vector selections run (constant overhead)
         self.releases: list[dict[str, Any]] = []  # searcher releases (DP-BO)
         self.restores = 0
+        self.ended: dict[str, Any] | None = None  # how the last driver ended the search (complete or why not)
         self._attempts = 0  # accounted attempts, every state
         self._coverable = 0  # accounted trials whose last attempt is live or ended (not to be retried)
         self._settled = 0  # accounted trials whose last attempt ended (not to be retried)
@@ -137,6 +138,9 @@ class SearchAccount:
             return
         if kind == "release":
             self.releases.append(dict(event.get("release") or {}))
+            return
+        if kind == "ended":
+            self.ended = {"complete": bool(event["complete"]), "reason": event.get("reason")}
             return
         trial_id = str(event["trial_id"])
         units = self._units_added(event)

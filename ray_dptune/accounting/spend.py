@@ -16,8 +16,18 @@ import numpy as np
 
 from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.errors import PrivacyError
 
-__all__ = ["TrialSpend", "covering_curve", "curve_from_report", "parse_report", "report_covers", "unit_spend"]
+__all__ = [
+    "TrialSpend",
+    "covering_curve",
+    "curve_from_report",
+    "describe_excess",
+    "parse_report",
+    "read_trial_reports",
+    "report_covers",
+    "unit_spend",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +144,26 @@ def parse_report(record: Any) -> TrialSpend | RDPCurve:
     )
 
 
+def read_trial_reports(result: dict, *, trial_id: str, keys: tuple[str, ...]) -> tuple[Any, ...]:
+    """The records under ``keys`` of a trial's result (its plan and its spend), each validated.
+
+    Raises:
+        PrivacyError: a record is missing or malformed.
+    """
+    records = []
+    for key in keys:
+        record = result.get(key)
+        try:
+            parse_report(record)
+        except ValueError as error:
+            raise PrivacyError(
+                f"Trial {trial_id} reported a result without a valid {key!r} ({error}). A DP trainable "
+                "must report its plan and what it has spent with every result (ray_dptune.dp_trainable does)."
+            ) from error
+        records.append(record)
+    return tuple(records)
+
+
 def report_covers(plan: Any, spent: Any) -> bool:
     """True when the ``spent`` report provably costs no more than the ``plan`` report.
 
@@ -150,6 +180,25 @@ def report_covers(plan: Any, spent: Any) -> bool:
     if plan_curve.mechanism is not None:  # bounded by the plan's exact trade-off: a bare curve cannot prove it
         return False
     return plan_curve.dominates(_as_curve(spent))
+
+
+def describe_excess(plan: Any, spent: Any) -> str:
+    """Which fields of ``spent`` take it past ``plan``, in words (for an error message)."""
+    plan, spent = parse_report(plan), parse_report(spent)
+    if not (isinstance(plan, TrialSpend) and isinstance(spent, TrialSpend)):
+        return "its RDP curve is above the plan's at some order"
+    worse = [
+        ("sample_rate", spent.sample_rate > plan.sample_rate, "larger"),
+        ("noise_multiplier", spent.noise_multiplier < plan.noise_multiplier, "smaller"),
+        ("steps", spent.steps > plan.steps, "more"),
+        ("score_releases", spent.score_releases > plan.score_releases, "more"),
+    ]
+    parts = [
+        f"{name} {getattr(spent, name):g} ({word} than the plan's {getattr(plan, name):g})"
+        for name, differs, word in worse
+        if differs
+    ]
+    return "; ".join(parts) or "its score noise differs from the plan's"
 
 
 def covering_curve(records: list[Any]) -> RDPCurve:

@@ -23,7 +23,7 @@ from ray_dptune.distributions import RunCountDistribution, distribution_from_dic
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.space import check_space, space_fingerprint
 
-__all__ = ["PrivateSearcher", "RunCountSearcher", "refuse_truncation"]
+__all__ = ["PrivateSearcher", "RunCountSearcher", "private_searcher_of", "refuse_truncation"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,37 @@ def refuse_truncation(num_samples: Any, planned_trials: int) -> None:
             "tune.Tuner.restore, this means Tune could not restore the run and restarted it: see its "
             "'Failed to restore the run state' log line.)"
         )
+
+
+def private_searcher_of(search_alg: Any) -> PrivateSearcher:
+    """The DP searcher inside ``search_alg``: itself, or the one a ``ConcurrencyLimiter`` wraps.
+
+    A ``ConcurrencyLimiter`` only holds back suggestions, which changes no trial's
+    mechanism. Any other wrapper is refused: ``Repeater`` runs each configuration
+    several times and reports their mean (a different base mechanism than the plan's),
+    and an unknown one may change which trials run.
+
+    Raises:
+        PrivacyError: another wrapper, or no DP searcher inside.
+        TypeError: not a Tune searcher at all.
+    """
+    from ray.tune.search import ConcurrencyLimiter
+
+    inner = search_alg
+    while isinstance(inner, ConcurrencyLimiter):
+        inner = inner.searcher
+    if isinstance(inner, PrivateSearcher):
+        return inner
+    if isinstance(inner, Searcher) and isinstance(getattr(inner, "searcher", None), Searcher):
+        raise PrivacyError(
+            f"{type(inner).__name__} wraps the DP searcher and changes the mechanism its bound is proven for "
+            "(Repeater runs every configuration several times and reports the mean). Only ConcurrencyLimiter "
+            "may wrap a ray_dptune searcher; for repeated runs, make each trial's plan cover them."
+        )
+    raise TypeError(
+        "searcher must be a ray_dptune DP searcher (RandomCountSearcher, DPHyPOSearcher, ConstantOverheadSearcher, "
+        f"DPBOSearcher, a PrivateASHAScheduler's searcher), possibly in a ConcurrencyLimiter; got {type(inner).__name__}."
+    )
 
 
 class PrivateSearcher(Searcher):
@@ -100,6 +131,11 @@ class PrivateSearcher(Searcher):
     def num_trials(self) -> int:
         """How many trials this search starts (Tune's ``num_samples`` must not cut it)."""
         return self._num_trials
+
+    @property
+    def finished(self) -> bool:
+        """True once the search has suggested every trial it will run (K for a random count)."""
+        return self._done()
 
     @property
     def seed(self) -> int | None:
