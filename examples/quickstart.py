@@ -9,6 +9,11 @@ Run it (a local Ray starts on the spot; ~1–3 minutes on 2 cores):
 
     .venv/bin/python examples/quickstart.py
     .venv/bin/python examples/quickstart.py --epsilon 8 --mean 16 --concurrency 4   # bigger
+    .venv/bin/python examples/quickstart.py --storage-path ./ray_results --name my_search
+
+Like any Tune run, the experiment stays in ``~/ray_results/<name>`` (or ``--storage-path``),
+under a new timestamped name each run: the trials, their checkpoints and
+``privacy_report.json``, the receipt of what the search spent.
 
 Swap in your own ``model_fn`` / ``data_fn`` (config -> (train, validation) datasets).
 """
@@ -16,15 +21,28 @@ Swap in your own ``model_fn`` / ``data_fn`` (config -> (train, validation) datas
 from __future__ import annotations
 
 import argparse
-import tempfile
+import os
+import shutil
+import sys
+import time
 
 import ray
 from ray import tune
 
-from ray_dptune import PointMass, Poisson, RandomCountSearcher, private_tuner, release_best, repeat_and_select
+from ray_dptune import (
+    PointMass,
+    Poisson,
+    PrivacyError,
+    RandomCountSearcher,
+    private_tuner,
+    release_best,
+    repeat_and_select,
+)
+from ray_dptune.report import REPORT_FILE
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable
 
 SPACE = {"lr": tune.loguniform(0.05, 4.0), "max_grad_norm": tune.loguniform(0.1, 10.0)}
+NAME_FORMAT = "dp_quickstart_%Y-%m-%d_%H-%M-%S"  # the experiment folder's default name: Tune's timestamp style
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -38,7 +56,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gpus-per-trial", type=float, default=0.0, help="GPUs each trial reserves, e.g. 1 or 0.25 (default 0: CPU)"
     )
-    parser.add_argument("--storage", default=None, help="experiment folder (default: a temporary one)")
+    parser.add_argument(
+        "--storage-path",
+        "--storage",
+        dest="storage",
+        metavar="PATH",
+        default=None,
+        help="folder the experiment folder goes in, Tune's RunConfig(storage_path=) (default: Tune's, ~/ray_results)",
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="experiment folder's name (default: dp_quickstart_<date>_<time>, new each run; a name already used is "
+        "refused, never overwritten)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="re-runs the budget reserves (a resumed search's unfinished trials, Tune's retries), each at the plan: "
+        "σ grows with it (default 0)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed K and the configs (default: secure)")
     return parser.parse_args(argv)
 
@@ -50,24 +88,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpus_per_trial:
         trainable = tune.with_resources(trainable, {"cpu": 1, "gpu": args.gpus_per_trial})
 
-    # 2. The budget of the WHOLE search in, a calibrated tune.Tuner out.
+    # 2. The budget of the WHOLE search in, a calibrated tune.Tuner out. The experiment folder is Tune's:
+    #    <storage path>/<name>, kept after the run (results, checkpoints, privacy_report.json).
+    name = args.name or time.strftime(NAME_FORMAT)  # a new folder each run, as Tune names its own
+    storage = os.path.abspath(os.path.expanduser(args.storage)) if args.storage else None  # None: ~/ray_results
+    run_config = tune.RunConfig(name=name, storage_path=storage, verbose=0)
+    experiment = os.path.join(run_config.storage_path, name)
+    if os.path.isdir(experiment) and os.listdir(experiment):  # before Tune writes a second run's state into it
+        raise SystemExit(
+            f"{experiment} already holds a search: give this one another --name, or resume that one with "
+            f'tune.Tuner.restore("{experiment}", trainable, resume_unfinished=True).'
+        )
+    print(f"Experiment folder (kept): {experiment}", flush=True)
     ray.init(log_to_driver=False)  # keep the trials' own logs in the experiment folder
     searcher = RandomCountSearcher(Poisson(args.mean), metric="val_acc", mode="max", seed=args.seed)
-    with tempfile.TemporaryDirectory() as scratch:
-        tuner = private_tuner(
-            trainable,
-            param_space=SPACE,
-            epsilon=args.epsilon,
-            delta=args.delta,
-            searcher=searcher,  # or law=Poisson(mean=8), metric="val_acc", mode="max"
-            tune_config=tune.TuneConfig(max_concurrent_trials=args.concurrency),
-            run_config=tune.RunConfig(name="dp_quickstart", storage_path=args.storage or scratch, verbose=0),
-        )
-        results = tuner.fit()
+    tuner = private_tuner(
+        trainable,
+        param_space=SPACE,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        searcher=searcher,  # or law=Poisson(mean=8), metric="val_acc", mode="max"
+        tune_config=tune.TuneConfig(max_concurrent_trials=args.concurrency),
+        run_config=run_config,
+        retries=args.retries,  # headroom for re-runs; a re-run beyond it is refused, never paid over budget
+    )
+    results = tuner.fit()
 
-        # 3. Release only the best trial, with the guarantee of the whole search.
+    # 3. Release only the best trial, with the guarantee of the whole search.
+    try:
         released = release_best(results)
+    except PrivacyError as refusal:  # e.g. an interrupted search is incomplete: nothing may be released yet
+        print(f"\nNothing released: {refusal}")
+        print_next_steps(results.experiment_path, args.retries, released=False)
+        return 1
     print_summary(released, results, trainable, searcher.num_trials, args)
+    print_next_steps(results.experiment_path, args.retries, released=True)
     return 0
 
 
@@ -95,6 +150,26 @@ def print_summary(released, results, trainable, num_trials: int, args: argparse.
     )
     print(f"  composing all K = {num_trials} trials (releasing all): ε = {composed:.3f}")
     print(f"  random-count selection (this search):     ε = {released.guarantee['epsilon']:.3f}")
+
+
+def print_next_steps(experiment: str, retries: int, *, released: bool) -> None:
+    """Where the receipt is, and what to do with the experiment folder next (a few lines)."""
+    report = os.path.join(experiment, REPORT_FILE)
+    print()
+    if not os.path.exists(report):
+        print(f"No privacy report: no trial ran, so nothing touched the data. Experiment folder: {experiment}")
+        return
+    cli, beside_python = "ray-dptune", os.path.join(os.path.dirname(sys.executable), "ray-dptune")
+    if not shutil.which(cli) and os.path.exists(beside_python):  # e.g. .venv/bin, not on PATH
+        cli = beside_python if os.path.relpath(beside_python).startswith("..") else os.path.relpath(beside_python)
+    print(f"Privacy report: {report}")
+    print(f"  {cli} journal {experiment}   # what the journal proves the search spent")
+    print(
+        f'  interrupted? tune.Tuner.restore("{experiment}", trainable, resume_unfinished=True)'
+        f"   # re-runs unfinished trials, each charged its plan: {retries} reserved (--retries)"
+    )
+    if released:
+        print(f'  ray_dptune.release_best("{experiment}", purge=True)   # deletes the unreleased trials\' results')
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""examples/quickstart.py (the main job, `bash scripts/run.sh`): its experiment folder outlives the run."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_report_stays_at_the_printed_path(tmp_path):
+    import ray
+
+    storage = tmp_path / "results"
+    args = ["--epochs", "1", "--mean", "2", "--seed", "1", "--storage-path", str(storage), "--name", "run"]
+    environment = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    process = subprocess.run(
+        [sys.executable, str(QUICKSTART), *args], env=environment, capture_output=True, text=True, timeout=600
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    (printed,) = re.findall(r"^Privacy report: (\S+)$", process.stdout, re.MULTILINE)
+    assert Path(printed) == storage / "run" / "privacy_report.json"
+    assert Path(printed).is_file()  # after the process exited: nothing deleted it
+    assert f"journal {storage / 'run'}" in process.stdout
+    assert "purge=True" in process.stdout and "resume_unfinished=True" in process.stdout
+
+
+def test_an_experiment_folder_in_use_is_refused_before_ray_starts(tmp_path):
+    spec = importlib.util.spec_from_file_location("_quickstart_under_test", QUICKSTART)
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "privacy_journal.db").write_bytes(b"")
+    with pytest.raises(SystemExit, match="already holds a search"):
+        quickstart.main(["--storage-path", str(tmp_path), "--name", "run"])
+    assert quickstart.parse_args([]).name is None  # the default name is a new timestamped folder each run
