@@ -151,8 +151,9 @@ class SearchBudget:
             )
         return f"whole search: {shown}; {done}"
 
-    def end_line(self, *, complete: bool, reason: str | None, path: str | None) -> str:
-        """What the search says when it ends: done, or incomplete / over budget and whether it can be resumed."""
+    def end_line(self, *, complete: bool, reason: str | None, path: str | None, resumable: bool = True) -> str:
+        """What the search says when it ends: done, or incomplete / over budget and whether it can be resumed
+        (never after a violation such as a spend past the plan: ``resumable=False``)."""
         account = self._account()
         epsilon = self.epsilon()
         shown = "n/a (no trial reported a plan)" if epsilon is None else f"{epsilon:.4g}"
@@ -165,7 +166,7 @@ class SearchBudget:
             state += f"; ε = {shown} > target {self.target_epsilon:g}"
         advice = "nothing may be released"
         interrupted, resumed = self.resume_epsilon()
-        if interrupted and not over and resumed is not None:
+        if interrupted and resumable and not over and resumed is not None:
             if self.target_epsilon is None or resumed <= self.target_epsilon:
                 advice += (
                     f"; resume it with tune.Tuner.restore(path, trainable), which re-runs {interrupted} trial(s): "

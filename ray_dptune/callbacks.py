@@ -228,7 +228,7 @@ class PrivacyAccountantCallback(Callback):
                 f"Trial {trial.trial_id} reported spending past "
                 + (f"its plan: {excess}" if beyond_plan else f"the {paid} time units charged to it")
                 + f". Spent: {spent}; the search's plan: {search_plan}. The search is stopped and nothing may be "
-                f"released; the guarantee bounds that trial as it ran: ε = {self._budget.epsilon():.4g}."
+                f"released; the guarantee bounds that trial as it ran: ε = {self._budget.epsilon():.4g}"
             )
             raise self._violation
         if not report_covers(search_plan, trial_plan):
@@ -287,7 +287,8 @@ class PrivacyAccountantCallback(Callback):
         self._update_ledger(force=True)
         path = write_search_report(self.report(), report_path=self._report_path, trials=trials)
         if self._verbose:
-            print(f"[ray_dptune] {self._budget.end_line(complete=complete, reason=reason, path=path)}", flush=True)
+            line = self._budget.end_line(complete=complete, reason=reason, path=path, resumable=self._violation is None)
+            print(f"[ray_dptune] {line}", flush=True)
         if self._violation is not None:
             raise self._violation
 

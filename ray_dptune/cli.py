@@ -4,73 +4,50 @@ Subcommands:
 
 * ``plan``: before any run, the (ε, δ) of a whole private hyperparameter search for
   one or more laws of K, beside plain composition (:mod:`ray_dptune.planning`).
+* ``calibrate``: the other way round, the DP-SGD noise multiplier σ that meets a target
+  (ε, δ) for the whole search, and what the search costs at it (the whole-search
+  analogue of TF-Privacy's ``compute_dp_sgd_privacy``).
 * ``ledger show|export``: per-dataset totals of every search recorded in a privacy
   ledger (:meth:`ray_dptune.ledger.PrivacyLedger.dataset_summary`).
 * ``journal PATH``: what a search's write-ahead journal proves it spent
   (:func:`ray_dptune.journal.journal_summary`).
 
-Printing lives in :mod:`ray_dptune.cli_format`. Neither Ray nor torch is imported.
-Example: ``ray-dptune plan --gaussian 2.236 --delta 1e-6 --mean 10 100 --plot eps.png``.
+Printing lives in :mod:`ray_dptune.cli_format`. Ray is never imported, torch only by
+``calibrate --dataset-size`` (for ``dp_trainable``'s sampling schedule).
+Examples: ``ray-dptune plan --gaussian 2.236 --delta 1e-6 --mean 10 100 --plot eps.png``;
+``ray-dptune calibrate --epsilon 3 --delta 1e-5 --mean 8 --dataset-size 1437 --batch-size 64 --epochs 9``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_dptune import cli_format
+from ray_dptune import cli_calibrate, cli_format
+from ray_dptune.cli_args import (
+    DEFAULT_MEAN,
+    LAW_CHOICES,
+    PROG,
+    count,
+    law_spec,
+    open_unit_float,
+    positive_float,
+    probability,
+    sample_rate,
+)
 from ray_dptune.errors import PrivacyError
 from ray_dptune.journal import journal_summary
 from ray_dptune.ledger import PrivacyLedger
-from ray_dptune.planning import DEFAULT_LAWS, BaseMechanism, LawSpec, plan_rows, unique_laws
+from ray_dptune.planning import DEFAULT_LAWS, BaseMechanism, plan_rows, unique_laws
 
 __all__ = ["build_parser", "main"]
 
-PROG = "ray-dptune"
 DEFAULT_DELTA = 1e-6  # P&S Figure 4
-DEFAULT_MEAN = 10.0
 DEFAULT_SUCCESS_P = 0.01  # P&S Figure 6: a run "succeeds" when it lands in the top 1%
-
-
-# ---------------------------------------------------------------------- argument types
-def _finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
-def _bounded_float(check: Callable[[float], bool], message: str) -> Callable[[str], float]:
-    """Type of an option that takes a finite number with ``check(value)``, else ``message``."""
-
-    def parse(text: str) -> float:
-        value = _finite_float(text)
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"{message}, got {text}")
-        return value
-
-    return parse
-
-
-_positive_float = _bounded_float(lambda v: v > 0, "must be > 0")
-_open_unit_float = _bounded_float(lambda v: 0.0 < v < 1.0, "must lie strictly between 0 and 1")  # δ
-_probability = _bounded_float(lambda v: 0.0 <= v <= 1.0, "must be a probability in [0, 1]")
-
-
-def _law(text: str) -> LawSpec:
-    """Type of ``--law`` (:meth:`LawSpec.parse`)."""
-    try:
-        return LawSpec.parse(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 # ---------------------------------------------------------------------- parser
@@ -83,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_plan_parser(subparsers)
+    cli_calibrate.add_parser(subparsers)
     _add_ledger_parser(subparsers)
     _add_journal_parser(subparsers)
     return parser
@@ -112,7 +90,7 @@ def _add_plan_parser(subparsers: Any) -> None:
     choice = base.add_mutually_exclusive_group(required=True)
     choice.add_argument(
         "--gaussian",
-        type=_positive_float,
+        type=positive_float,
         metavar="SIGMA",
         help="Gaussian mechanism with sensitivity 1 and noise standard deviation SIGMA "
         "(its exact privacy profile tightens the Poisson bound).",
@@ -124,7 +102,7 @@ def _add_plan_parser(subparsers: Any) -> None:
         help="DP-SGD: STEPS Poisson-subsampled Gaussian steps with sampling rate SAMPLE_RATE in (0, 1] "
         "and noise multiplier SIGMA.",
     )
-    choice.add_argument("--zcdp", type=_positive_float, metavar="RHO", help="any RHO-zCDP mechanism.")
+    choice.add_argument("--zcdp", type=positive_float, metavar="RHO", help="any RHO-zCDP mechanism.")
     base.add_argument(
         "--exact-profile",
         action="store_true",
@@ -134,23 +112,21 @@ def _add_plan_parser(subparsers: Any) -> None:
     search = plan.add_argument_group("search")
     search.add_argument(
         "--delta",
-        type=_open_unit_float,
+        type=open_unit_float,
         default=DEFAULT_DELTA,
         help=f"δ of the whole search's (ε, δ) guarantee (default: {DEFAULT_DELTA:g}).",
     )
     search.add_argument(
         "--law",
         action="append",
-        type=_law,
+        type=law_spec,
         metavar="LAW",
-        help="law of the number of runs K; repeat for several: poisson, logarithmic, geometric, or tnb:ETA "
-        "(truncated negative binomial with shape ETA > -1, e.g. tnb:0.5). "
-        f"Default: {', '.join(DEFAULT_LAWS)}.",
+        help=f"law of the number of runs K; repeat for several: {LAW_CHOICES}. Default: {', '.join(DEFAULT_LAWS)}.",
     )
     search.add_argument(
         "--mean",
         nargs="+",
-        type=_positive_float,
+        type=positive_float,
         default=[DEFAULT_MEAN],
         metavar="MEAN",
         help=f"one or more expected numbers of runs E[K] (default: {DEFAULT_MEAN:g}); "
@@ -158,7 +134,7 @@ def _add_plan_parser(subparsers: Any) -> None:
     )
     search.add_argument(
         "--success-p",
-        type=_probability,
+        type=probability,
         default=DEFAULT_SUCCESS_P,
         metavar="P",
         help="chance that one run is a success (e.g. lands in the top 1%% of the search space), "
@@ -192,7 +168,7 @@ def _add_ledger_parser(subparsers: Any) -> None:
     )
     ledger.add_argument("action", choices=("show", "export"), help="show: a table; export: JSON with every search.")
     ledger.add_argument("path", type=Path, help="the ledger file.")
-    ledger.add_argument("--delta", type=_open_unit_float, default=1e-5, help="δ of the totals (default: 1e-05).")
+    ledger.add_argument("--delta", type=open_unit_float, default=1e-5, help="δ of the totals (default: 1e-05).")
     ledger.add_argument("--dataset", help="only this dataset.")
     ledger.add_argument("--curves", action="store_true", help="export: also each search's RDP curve.")
     ledger.set_defaults(handler=_run_ledger, subparser=ledger)
@@ -213,22 +189,19 @@ def _add_journal_parser(subparsers: Any) -> None:
 # ---------------------------------------------------------------------- plan
 def _parse_dpsgd(values: Sequence[str]) -> tuple[float, float, int]:
     """Validates ``--dpsgd SAMPLE_RATE SIGMA STEPS``; a ValueError names the bad value."""
+
+    def parse(name: str, check: Callable[[str], Any], text: str) -> Any:
+        try:
+            return check(text)
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"--dpsgd: {name} {error}") from None
+
     rate_text, sigma_text, steps_text = values
-    try:
-        rate, sigma = _finite_float(rate_text), _finite_float(sigma_text)
-    except argparse.ArgumentTypeError as error:
-        raise ValueError(f"--dpsgd: {error}") from None
-    if not 0.0 < rate <= 1.0:
-        raise ValueError(f"--dpsgd: SAMPLE_RATE must lie in (0, 1], got {rate_text}")
-    if sigma <= 0:
-        raise ValueError(f"--dpsgd: SIGMA must be > 0, got {sigma_text}")
-    try:
-        steps = int(steps_text)
-    except ValueError:
-        raise ValueError(f"--dpsgd: STEPS must be a whole number, got {steps_text!r}") from None
-    if steps < 1:
-        raise ValueError(f"--dpsgd: STEPS must be >= 1, got {steps_text}")
-    return rate, sigma, steps
+    return (
+        parse("SAMPLE_RATE", sample_rate, rate_text),
+        parse("SIGMA", positive_float, sigma_text),
+        parse("STEPS", count, steps_text),
+    )
 
 
 def _build_base(args: argparse.Namespace) -> BaseMechanism:

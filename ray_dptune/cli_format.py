@@ -1,6 +1,6 @@
 """What ``ray-dptune`` prints and draws: tables, JSON documents and the plan's plot.
 
-Pure formatting of numbers computed by :mod:`ray_dptune.planning`,
+Pure formatting of numbers computed by :mod:`ray_dptune.planning` (``plan`` and ``calibrate``),
 :meth:`ray_dptune.ledger.PrivacyLedger.dataset_summary` and
 :func:`ray_dptune.journal.journal_summary`; matplotlib is imported only to draw.
 """
@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_dptune.planning import BaseMechanism, LawSpec, epsilon_curves
+from ray_dptune.planning import BaseMechanism, LawSpec, TrialSchedule, epsilon_curves
 
 __all__ = [
     "PLOT_MAX_MEAN",
     "check_plot_path",
+    "format_calibration",
     "format_journal",
     "format_ledger_table",
     "format_plan",
@@ -114,6 +115,37 @@ def plan_json(
         "rows": clean_rows,
         "plot": str(plot) if plot is not None else None,
     }
+
+
+def format_calibration(result: dict[str, Any], *, schedule: TrialSchedule) -> str:
+    """The ``calibrate`` lines of :func:`~ray_dptune.planning.calibration` (its law given a ``name``)."""
+    retries = result["retries"]
+    plural = "y" if retries == 1 else "ies"
+    rows = [
+        ("noise multiplier σ", f"{float(result['noise_multiplier'])!r}"),
+        ("ε whole search, no retry used", f"{result['epsilon_search']:.4f}"),
+    ]
+    if retries:
+        rows.append((f"ε whole search, {retries} retr{plural} used", f"{result['epsilon_search_all_retries']:.4f}"))
+    rows += [
+        ("ε one trial alone", f"{result['epsilon_trial']:.4f}"),
+        ("σ for one run, no tuning", f"{float(result['noise_multiplier_one_run'])!r}"),
+        ("cost of tuning: σ / σ one run", f"{result['noise_ratio']:.3f}"),
+    ]
+    law = result["law"]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(
+        [
+            f"Target for the whole search: ε = {result['epsilon_target']:g}, δ = {result['delta']:g}",
+            f"Search: K ~ {law['name']} with E[K] = {law['mean']:.6g}, the best trial released; "
+            f"{retries} retr{plural} reserved",
+            f"Trial: {schedule.description}",
+            "",
+            *(f"{label.ljust(width)}  {value}" for label, value in rows),
+            "",
+            "σ is the smallest (to 0.1%) whose search meets the target with every reserved retry run.",
+        ]
+    )
 
 
 def format_ledger_table(path: Path, totals: dict[str, dict[str, Any]], *, delta: float) -> str:

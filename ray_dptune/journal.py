@@ -4,8 +4,8 @@ One SQLite file per experiment (``privacy_journal.db`` in the experiment folder)
 holds the search's record (its id, mechanism, δ, plan) and the append-only list of
 account events (:meth:`ray_dptune.accounting.account.SearchAccount.apply`). Events that
 can add privacy cost — a suggestion, an attempt start, a halving charge, a report of units
-run past the charge (``overrun``), a restore, a selection or release by the searcher, the
-plan — are committed with ``synchronous=FULL`` *before* Tune may
+run past the charge (``overrun``), a failure Tune retries (``retry``: charged from then on),
+a restore, a selection or release by the searcher, the plan — are committed with ``synchronous=FULL`` *before* Tune may
 hand the trial to a worker; the rest (reports, completions, failures) with ``NORMAL``,
 since losing one only leaves an attempt live, and a live attempt of an earlier driver is
 charged in full. The journal holds no configuration and no score.
@@ -88,7 +88,7 @@ class SearchJournal:
         events = list(events)
         if not events:
             return
-        durable = any(event["type"] in DURABLE_EVENTS or event.get("overrun") for event in events)
+        durable = any(event["type"] in DURABLE_EVENTS or event.get("overrun") or event.get("retry") for event in events)
         with self._store.transaction(durable=durable) as db:
             self._insert(db, events)
 

@@ -1,12 +1,14 @@
-"""Planning a private hyperparameter search before running it (``ray-dptune plan``).
+"""Planning a private hyperparameter search before running it (``ray-dptune plan`` and ``calibrate``).
 
 The (ε, δ) of a whole search — draw K from a law, run the base mechanism K times,
 release only the best run (Papernot & Steinke 2022, Thms 2 and 6, via
 :func:`~ray_dptune.accounting.repeat_and_select`) — beside plain composition of
 ceil(E[K]) runs (Mironov 2017, Prop. 1), with the utility side of each law: the
-expected quantile of the released run and the chance that some run succeeds.
+expected quantile of the released run and the chance that some run succeeds; and the
+other way round (:func:`calibration`), the DP-SGD noise multiplier σ that meets a target
+(ε, δ) for the whole search, with what the search costs at it.
 
-numpy and the accounting only: no Ray, no torch.
+numpy and the accounting only: no Ray; torch only for :meth:`TrialSchedule.from_training`.
 
 Example:
     >>> base = BaseMechanism.zcdp(rho=0.1)
@@ -25,7 +27,10 @@ from typing import Any
 import numpy as np
 
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
+from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.mechanisms import DeltaProfile
+from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.distributions import (
     Geometric,
     Logarithmic,
@@ -35,7 +40,16 @@ from ray_dptune.distributions import (
     TruncatedNegativeBinomial,
 )
 
-__all__ = ["DEFAULT_LAWS", "BaseMechanism", "LawSpec", "epsilon_curves", "plan_rows", "unique_laws"]
+__all__ = [
+    "DEFAULT_LAWS",
+    "BaseMechanism",
+    "LawSpec",
+    "TrialSchedule",
+    "calibration",
+    "epsilon_curves",
+    "plan_rows",
+    "unique_laws",
+]
 
 DEFAULT_LAWS = ("poisson", "logarithmic", "tnb:0.5", "geometric")
 
@@ -45,8 +59,8 @@ class LawSpec:
     """A law of the number of runs K, named by the user, not yet given a mean.
 
     Attributes:
-        name: canonical name (``poisson``, ``tnb:0.5``, ...).
-        kind: ``poisson``, ``logarithmic``, ``geometric`` or ``tnb``.
+        name: canonical name (``poisson``, ``tnb:0.5``, ``point``, ...).
+        kind: ``poisson``, ``logarithmic``, ``geometric``, ``tnb`` or ``point`` (K = the mean, always).
         eta: shape η of a truncated negative binomial law (``kind == "tnb"``), else None.
     """
 
@@ -56,13 +70,13 @@ class LawSpec:
 
     @classmethod
     def parse(cls, text: str) -> LawSpec:
-        """``poisson``, ``logarithmic``, ``geometric`` or ``tnb:ETA`` (case-insensitive).
+        """``poisson``, ``logarithmic``, ``geometric``, ``tnb:ETA`` or ``point`` (case-insensitive).
 
         Raises:
             ValueError: unknown law or invalid η (η must be > -1, P&S Definition 1).
         """
         value = text.strip().lower()
-        if value in ("poisson", "logarithmic", "geometric"):
+        if value in ("poisson", "logarithmic", "geometric", "point"):
             return cls(name=value, kind=value)
         if value == "tnb" or value.startswith("tnb:"):
             eta_text = value[4:]
@@ -77,12 +91,22 @@ class LawSpec:
             if eta <= -1.0:
                 raise ValueError(f"{text!r}: the shape η must be > -1 (P&S Definition 1)")
             return cls(name=f"tnb:{eta:g}", kind="tnb", eta=eta)
-        raise ValueError(f"unknown law {text!r}; choose poisson, logarithmic, geometric or tnb:ETA (e.g. tnb:0.5)")
+        raise ValueError(
+            f"unknown law {text!r}; choose poisson, logarithmic, geometric, tnb:ETA (e.g. tnb:0.5) or point"
+        )
 
     def build(self, mean: float) -> RunCountDistribution:
-        """The law with this shape and mean ``mean`` (for TNB laws, the largest mean not above it)."""
+        """The law with this shape and mean ``mean`` (for TNB laws, the largest mean not above it).
+
+        Raises:
+            ValueError: no such law (a point mass needs a whole mean; the TNB laws a mean > 1).
+        """
         if self.kind == "poisson":
             return Poisson(mean)
+        if self.kind == "point":
+            if mean != math.floor(mean):
+                raise ValueError(f"law 'point' runs exactly --mean times: --mean must be a whole number, got {mean:g}")
+            return PointMass(int(mean))
         if self.kind == "logarithmic":
             return Logarithmic.from_mean(mean)
         if self.kind == "geometric":
@@ -233,16 +257,116 @@ def epsilon_curves(
 
     Returns:
         ({law name: (exact means, ε)}, (run counts k, ε of composing k runs)); each law
-        is evaluated at ``points`` geometric means from 1 (Poisson) or 1.5 (the others,
-        whose mean exceeds 1).
+        is evaluated at ``points`` geometric means from 1 (Poisson) or 1.5 (the TNB laws,
+        whose mean exceeds 1), a point mass at the run counts k.
     """
+    runs = np.unique(np.round(np.geomspace(1.0, top, 4 * points)).astype(int))
     by_law = {}
     for spec in laws:
         low = 1.0 if spec.kind == "poisson" else 1.5
-        grid = [spec.build(float(mean)) for mean in np.geomspace(low, top, points)]
+        means = runs if spec.kind == "point" else np.geomspace(low, top, points)
+        grid = [spec.build(float(mean)) for mean in means]
         by_law[spec.name] = (
             [law.mean for law in grid],
             [base.search_epsilon(law, delta=delta, generic=generic) for law in grid],
         )
-    runs = np.unique(np.round(np.geomspace(1.0, top, 4 * points)).astype(int))
     return by_law, (runs, [base.composition_epsilon(int(k), delta=delta) for k in runs])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrialSchedule:
+    """The DP-SGD schedule of one trial, its noise multiplier left free (``calibrate``'s plan).
+
+    Attributes:
+        sample_rate: Poisson sampling rate q.
+        steps: DP-SGD steps T.
+        dataset_size, batch_size, epochs: where q and T came from (:meth:`from_training`), else None.
+    """
+
+    sample_rate: float
+    steps: int
+    dataset_size: int | None = None
+    batch_size: int | None = None
+    epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        self.plan(noise_multiplier=1.0)  # TrialSpend validates q in (0, 1] and T
+
+    @classmethod
+    def from_training(cls, *, dataset_size: int, batch_size: int, epochs: int) -> TrialSchedule:
+        """The schedule ``dp_trainable`` plans for (:func:`ray_dptune.training.plan.trial_plan`; imports torch).
+
+        Raises:
+            ValueError: batch_size outside [1, dataset_size], or epochs < 1.
+        """
+        from ray_dptune.training.plan import PrivacyParams, trial_plan
+
+        params = PrivacyParams(noise_multiplier=1.0, batch_size=batch_size, epochs=epochs)  # σ does not move q, T
+        plan = trial_plan(params, dataset_size)
+        return cls(
+            sample_rate=plan.sample_rate,
+            steps=plan.steps,
+            dataset_size=dataset_size,
+            batch_size=batch_size,
+            epochs=epochs,
+        )
+
+    def plan(self, *, noise_multiplier: float) -> TrialSpend:
+        """The trial's plan at noise multiplier ``noise_multiplier``."""
+        return TrialSpend(sample_rate=self.sample_rate, noise_multiplier=noise_multiplier, steps=self.steps)
+
+    @property
+    def description(self) -> str:
+        """One human-readable line."""
+        text = f"DP-SGD, sample rate {self.sample_rate:.6g}, {self.steps} steps"
+        if self.dataset_size is not None:
+            text += f" ({self.epochs} epochs of batch {self.batch_size} from {self.dataset_size} examples)"
+        return text
+
+
+def calibration(
+    schedule: TrialSchedule,
+    law: RunCountDistribution,
+    *,
+    epsilon: float,
+    delta: float,
+    retries: int = 0,
+) -> dict[str, Any]:
+    """σ for a whole search of K ~ ``law`` trials to meet (``epsilon``, ``delta``), and its cost (``calibrate``).
+
+    σ is :func:`~ray_dptune.accounting.calibrate.calibrate_noise_multiplier`'s, with
+    ``retries`` attempts reserved at the plan; the search's ε at σ is the account's
+    (:class:`~ray_dptune.accounting.account.SearchAccount`) with no retry used and with
+    all of them used, and σ of one run alone (K = 1, no retry) prices the tuning.
+
+    Returns:
+        A dict with keys noise_multiplier, epsilon_search (no retry used),
+        epsilon_search_all_retries, epsilon_trial (one trial alone at σ),
+        noise_multiplier_one_run, noise_ratio (σ / σ of one run), and the inputs
+        (epsilon_target, delta, retries, law, schedule).
+
+    Raises:
+        PrivacyError: no σ meets the target.
+        ValueError: invalid arguments.
+    """
+
+    def plan_for(sigma: float) -> TrialSpend:
+        return schedule.plan(noise_multiplier=sigma)
+
+    sigma = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, law=law, retries=retries)
+    plan = plan_for(sigma)
+    account = SearchAccount(Mechanism.random_count(law=law, num_trials=1), delta=delta, plan=plan.to_dict())
+    one_run = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, law=PointMass(1))
+    return {
+        "epsilon_target": epsilon,
+        "delta": delta,
+        "retries": retries,
+        "law": {**law.to_dict(), "mean": law.mean},
+        "schedule": dataclasses.asdict(schedule),
+        "noise_multiplier": sigma,
+        "epsilon_search": account.guarantee().epsilon,
+        "epsilon_search_all_retries": account.guarantee(extra_charges=retries).epsilon,
+        "epsilon_trial": search_epsilon(plan, law=PointMass(1), delta=delta),
+        "noise_multiplier_one_run": one_run,
+        "noise_ratio": sigma / one_run,
+    }

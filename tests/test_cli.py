@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from ray_dptune import TrialSpend
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
+from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
 from ray_dptune.cli import main
-from ray_dptune.distributions import Geometric, Logarithmic, Poisson, TruncatedNegativeBinomial
+from ray_dptune.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
 
 SIGMA = 5**0.5  # the Gaussian mechanism with σ = √5 is 0.1-zCDP
 SIGMA_TEXT = "2.2360679775"
@@ -129,6 +133,12 @@ def test_poisson_below_one_run_on_average(capsys: pytest.CaptureFixture[str]) ->
     assert row["epsilon"] > 0
 
 
+def test_point_law_is_composition(capsys: pytest.CaptureFixture[str]) -> None:
+    row = rows_by_law(run_json(capsys, "--zcdp", "0.1", "--mean", "10", "--law", "point"))["point"]
+    assert row["law_spec"] == {"law": "point_mass", "k": 10}
+    assert row["epsilon"] == row["epsilon_composition"] == (10 * RDPCurve.zcdp(rho=0.1)).epsilon(delta=DELTA)
+
+
 def test_table_has_header_and_a_row_per_law(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gaussian", SIGMA_TEXT, "--mean", "10", "100"]) == 0
     out = capsys.readouterr().out
@@ -191,6 +201,155 @@ def test_invalid_input_is_a_usage_error(capsys: pytest.CaptureFixture[str], args
     assert err.strip().splitlines()[-1].startswith("ray-dptune plan: error:")
 
 
+# ---------------------------------------------------------------------- calibrate
+DIGITS_RATE, DIGITS_STEPS = 64 / 1437, 198  # dp_trainable on digits: batch 64 of 1437, 9 epochs of int(1437/64) = 22
+DIGITS_RATE_ARGS = ["--sample-rate", repr(DIGITS_RATE), "--steps", str(DIGITS_STEPS)]
+DIGITS_TRAINING_ARGS = ["--dataset-size", "1437", "--batch-size", "64", "--epochs", "9"]
+EPSILON_DELTA_ARGS = ["--epsilon", "3", "--delta", "1e-5"]
+TARGET_ARGS = [*EPSILON_DELTA_ARGS, "--mean", "8"]
+
+
+def calibrate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    """Runs ``ray-dptune calibrate ARGS --json`` in process and parses its output."""
+    assert main(["calibrate", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def digits_plan(sigma: float) -> TrialSpend:
+    return TrialSpend(sample_rate=DIGITS_RATE, noise_multiplier=sigma, steps=DIGITS_STEPS)
+
+
+def search_account(sigma: float, law: object) -> SearchAccount:
+    mechanism = Mechanism.random_count(law=law, num_trials=1)
+    return SearchAccount(mechanism, delta=1e-5, plan=digits_plan(sigma).to_dict())
+
+
+def test_calibrate_sigma_is_the_library_s_and_meets_the_target(capsys: pytest.CaptureFixture[str]) -> None:
+    report = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_RATE_ARGS)
+    sigma = calibrate_noise_multiplier(digits_plan, epsilon=3.0, delta=1e-5, law=Poisson(8))
+    assert report["noise_multiplier"] == sigma
+    assert 3.0 * 0.99 <= report["epsilon_search"] <= 3.0
+    assert report["epsilon_search"] == search_account(sigma, Poisson(8)).guarantee().epsilon
+    assert report["epsilon_search_all_retries"] == report["epsilon_search"]  # --retries 0
+    assert report["epsilon_trial"] == pytest.approx(digits_plan(sigma).curve().epsilon(delta=1e-5), rel=1e-12)
+    assert report["epsilon_trial"] < report["epsilon_search"]
+    one_run = calibrate_noise_multiplier(digits_plan, epsilon=3.0, delta=1e-5, law=PointMass(1))
+    assert report["noise_multiplier_one_run"] == one_run < sigma  # tuning costs noise
+    assert report["noise_ratio"] == pytest.approx(sigma / one_run, rel=1e-12)
+    assert report["law"] == {"name": "poisson", "law": "poisson", "mean": 8.0}
+    assert report["schedule"]["steps"] == DIGITS_STEPS and report["schedule"]["dataset_size"] is None
+    assert (report["epsilon_target"], report["delta"], report["retries"]) == (3.0, 1e-5, 0)
+
+
+def test_calibrate_table_prints_the_exact_sigma(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", *TARGET_ARGS, *DIGITS_RATE_ARGS]) == 0
+    out = capsys.readouterr().out
+    cells = [re.split(r"\s{2,}", line) for line in out.splitlines()]
+    values = {row[0]: row[1] for row in cells if len(row) == 2}
+    sigma = calibrate_noise_multiplier(digits_plan, epsilon=3.0, delta=1e-5, law=Poisson(8))
+    assert float(values["noise multiplier σ"]) == sigma  # printed in full: a rounded-down σ could overspend
+    assert float(values["ε whole search, no retry used"]) == pytest.approx(
+        search_account(sigma, Poisson(8)).guarantee().epsilon, abs=5e-5
+    )
+    one_run = calibrate_noise_multiplier(digits_plan, epsilon=3.0, delta=1e-5, law=PointMass(1))
+    assert float(values["σ for one run, no tuning"]) == one_run
+    assert "ε = 3, δ = 1e-05" in out and "K ~ poisson with E[K] = 8" in out and "0 retries reserved" in out
+
+
+def test_calibrate_retries_reserve_headroom(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_RATE_ARGS)
+    report = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_RATE_ARGS, "--retries", "2")
+    sigma = calibrate_noise_multiplier(digits_plan, epsilon=3.0, delta=1e-5, law=Poisson(8), retries=2)
+    assert report["noise_multiplier"] == sigma > plain["noise_multiplier"]
+    account = search_account(sigma, Poisson(8))
+    assert report["epsilon_search_all_retries"] == account.guarantee(extra_charges=2).epsilon
+    assert 3.0 * 0.99 <= report["epsilon_search_all_retries"] <= 3.0
+    assert report["epsilon_search"] == account.guarantee().epsilon < report["epsilon_search_all_retries"]
+    assert report["noise_multiplier_one_run"] == plain["noise_multiplier_one_run"]  # one run: no tuning, no retry
+    assert main(["calibrate", *TARGET_ARGS, *DIGITS_RATE_ARGS, "--retries", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 retries reserved" in out and "ε whole search, 2 retries used" in out
+
+
+def test_calibrate_training_form_is_dp_trainable_s_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    from ray_dptune.training.plan import PrivacyParams, trial_plan
+
+    by_training = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_TRAINING_ARGS, "--retries", "1")
+    by_rate = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_RATE_ARGS, "--retries", "1")
+    plan = trial_plan(PrivacyParams(noise_multiplier=1.0, batch_size=64, epochs=9), 1437)
+    assert (plan.sample_rate, plan.steps) == (DIGITS_RATE, DIGITS_STEPS)
+    assert by_training["schedule"] == {
+        "sample_rate": DIGITS_RATE,
+        "steps": DIGITS_STEPS,
+        "dataset_size": 1437,
+        "batch_size": 64,
+        "epochs": 9,
+    }
+    for key in ("noise_multiplier", "epsilon_search", "epsilon_search_all_retries", "noise_multiplier_one_run"):
+        assert by_training[key] == by_rate[key]
+    assert main(["calibrate", *TARGET_ARGS, *DIGITS_TRAINING_ARGS]) == 0
+    assert "198 steps (9 epochs of batch 64 from 1437 examples)" in capsys.readouterr().out
+
+
+def test_calibrate_other_laws(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "500"]
+
+    def plan_for(sigma: float) -> TrialSpend:
+        return TrialSpend(sample_rate=0.01, noise_multiplier=sigma, steps=500)
+
+    tnb = calibrate_json(capsys, *args, "--law", "tnb:0.5", "--mean", "10")
+    law = TruncatedNegativeBinomial.from_mean(0.5, 10)
+    assert tnb["noise_multiplier"] == calibrate_noise_multiplier(plan_for, epsilon=2.0, delta=1e-5, law=law)
+    assert tnb["law"]["name"] == "tnb:0.5" and tnb["law"]["mean"] == law.mean
+    assert tnb["epsilon_search"] <= 2.0
+    point = calibrate_json(capsys, *args, "--law", "point", "--mean", "1")
+    assert point["noise_multiplier"] == point["noise_multiplier_one_run"]  # K = 1: no tuning
+    assert point["noise_ratio"] == 1.0
+    assert point["epsilon_search"] == pytest.approx(point["epsilon_trial"], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epsilon", "0", "--delta", "1e-5", *DIGITS_RATE_ARGS], "argument --epsilon: must be > 0"),
+        (["--epsilon", "-1", "--delta", "1e-5", *DIGITS_RATE_ARGS], "argument --epsilon: must be > 0"),
+        (["--epsilon", "3", "--delta", "0", *DIGITS_RATE_ARGS], "argument --delta: must lie strictly between 0 and 1"),
+        (["--epsilon", "3", "--delta", "1", *DIGITS_RATE_ARGS], "argument --delta: must lie strictly between 0 and 1"),
+        (["--delta", "1e-5", *DIGITS_RATE_ARGS], "the following arguments are required: --epsilon"),
+        (EPSILON_DELTA_ARGS, "give one trial's DP-SGD plan: --sample-rate and --steps, or"),
+        ([*EPSILON_DELTA_ARGS, "--sample-rate", "0.1"], "missing --steps"),
+        ([*EPSILON_DELTA_ARGS, "--epochs", "3"], "missing --dataset-size and --batch-size"),
+        ([*EPSILON_DELTA_ARGS, *DIGITS_RATE_ARGS, *DIGITS_TRAINING_ARGS], "not both"),
+        ([*EPSILON_DELTA_ARGS, *DIGITS_RATE_ARGS, "--epochs", "3"], "not both"),
+        ([*EPSILON_DELTA_ARGS, "--sample-rate", "1.5", "--steps", "10"], "argument --sample-rate"),
+        ([*EPSILON_DELTA_ARGS, "--sample-rate", "0.1", "--steps", "2.5"], "must be a whole number"),
+        ([*EPSILON_DELTA_ARGS, "--dataset-size", "10", "--batch-size", "64", "--epochs", "1"], "lie in [1, 10]"),
+        ([*EPSILON_DELTA_ARGS, *DIGITS_RATE_ARGS, "--retries", "-1"], "argument --retries: must be >= 0"),
+        ([*EPSILON_DELTA_ARGS, *DIGITS_RATE_ARGS, "--law", "nonsense"], "unknown law 'nonsense'"),
+        ([*EPSILON_DELTA_ARGS, *DIGITS_RATE_ARGS, "--law", "point", "--mean", "2.5"], "whole number"),
+        ([*EPSILON_DELTA_ARGS, *DIGITS_RATE_ARGS, "--law", "geometric", "--mean", "1"], "has mean > 1"),
+    ],
+)
+def test_calibrate_invalid_input_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("ray-dptune calibrate: error:")
+
+
+def test_calibrate_unreachable_target_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--epsilon", "1e-3", "--delta", "1e-5", "--sample-rate", "1", "--steps", "1000", "--law", "point"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", *args, "--mean", "100"])
+    assert exit_info.value.code == 1
+    assert "No noise multiplier up to" in capsys.readouterr().err
+
+
 def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([])
@@ -215,6 +374,27 @@ def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
         "--closed-form",
         "--json",
         "--plot",
+    ):
+        assert option in out
+
+
+def test_calibrate_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in (
+        "--epsilon",
+        "--delta",
+        "--law",
+        "--mean",
+        "--retries",
+        "--sample-rate",
+        "--steps",
+        "--dataset-size",
+        "--batch-size",
+        "--epochs",
+        "--json",
     ):
         assert option in out
 

@@ -468,3 +468,29 @@ def test_generic_lemma_7_is_nearly_tight_on_a_rare_top_output(law_name):
     law, pair = LAWS[law_name], PAIRS["tiny"][0]
     ratio = _closest_ratio(lambda p: generic_repeat_and_select(base_curve(p), law), law, [pair])
     assert 1.0 - RTOL <= ratio < 1.05
+
+
+# --------------------------------------------------------------------------- failed runs
+def _with_failures(pair: Pair, fail: tuple) -> Pair:
+    """The pair post-processed by "output y fails with probability fail[y]": a new lowest output, 'failed'.
+
+    This is a run that crashes as a function of what it computed; the account covers a trial's
+    last attempt whatever its end, and ranks a failed run below every score (release.py).
+    """
+    p = (MP.fsum(x * MP.mpf(f) for x, f in zip(pair.p, fail)),) + tuple(x * (1 - MP.mpf(f)) for x, f in zip(pair.p, fail))
+    q = (MP.fsum(x * MP.mpf(f) for x, f in zip(pair.q, fail)),) + tuple(x * (1 - MP.mpf(f)) for x, f in zip(pair.q, fail))
+    return Pair(f"{pair.name}+failures", p, q)
+
+
+@pytest.mark.parametrize("law_name", ["poisson-3", "tnb-eta0-mean2"])
+def test_a_failed_last_attempt_is_covered_by_the_bound_of_the_run(law_name):
+    """Best-of-K over runs that may fail (ranked last) stays within the bound computed for the run itself."""
+    law = LAWS[law_name]
+    lines = []
+    for family in ("medium", "reversed"):
+        for pair in PAIRS[family][:2]:
+            m = len(pair.p)
+            for fail in ((0.5,) * m, tuple(np.linspace(0.9, 0.0, m)), tuple(np.linspace(0.0, 0.9, m))):
+                failing = _with_failures(pair, fail)
+                lines += audit(repeat_and_select(base_curve(pair), law), failing, law, "failed-run")
+    assert not lines, _report(lines)

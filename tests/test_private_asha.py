@@ -189,7 +189,8 @@ def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it
     accountant = PrivacyAccountantCallback(
         asha.searcher, delta=DELTA, plan=PLAN, journal_path=journal_path, verbose=False
     )
-    monkeypatch.setattr("ray_dptune.callbacks.running_scheduler", lambda: asha)  # as TuneController would run it
+    controller = SimpleNamespace(scheduler_alg=asha, search_alg=SimpleNamespace(searcher=asha.searcher))
+    monkeypatch.setattr("ray_dptune.callbacks.running_controller", lambda: controller)  # as TuneController runs it
     accountant.setup(num_samples=-1)
     trial = SimpleNamespace(trial_id="a", config=asha.searcher.suggest("a"))
     assert isinstance(asha.searcher.suggest("b"), dict)  # 2 of the budget's 3 units charged at suggestion
@@ -197,7 +198,7 @@ def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it
     paid = accountant.account.guarantee().epsilon  # the budget: one DP-SGD run of 3 units (60 steps)
     synced = request.getfixturevalue("durable_syncs")
     ran = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=60)  # 3 units
-    with pytest.raises(PrivacyError, match="beyond the 1 time units charged"):
+    with pytest.raises(PrivacyError, match="past the 1 time units charged"):
         accountant.on_trial_result(0, [], trial, {"dp_plan": PLAN.to_dict(), "dp_spent": ran.to_dict()})
     assert synced == [True]  # the overrun report was committed with synchronous=FULL
     replayed = SearchJournal(journal_path).account()

@@ -216,6 +216,7 @@ def test_purge_after_dp_hypo_leaves_no_unreleased_configuration(tmp_path, monkey
 class FakeTrial:
     def __init__(self, path, value):
         self.path, self.metrics, self.config, self.checkpoint = str(path), {"score": value}, {"v": value}, None
+        self.trial_id = os.path.basename(str(path))
 
 
 def fake_grid(experiment, trials, **report):
@@ -223,6 +224,10 @@ def fake_grid(experiment, trials, **report):
     report = PrivacyReport(
         search_id="s",
         searcher="RandomCountSearcher",
+        target=None,
+        complete=True,
+        incomplete_reason=None,
+        released_trial_id=None,
         mechanism={"kind": "composition", "params": {}},
         guarantee={"epsilon": 1.0, "delta": DELTA},
         threat_model="t",
@@ -230,7 +235,7 @@ def fake_grid(experiment, trials, **report):
         details=report.pop("details", {}),
         plan=None,
         score_privacy="public",
-        trials={},
+        trials={trial.trial_id: {"state": "completed", "attempts": []} for trial in trials},
         num_trials_planned=len(trials),
         num_trials_started=len(trials),
         unaccounted_trials=[],
@@ -243,6 +248,10 @@ def fake_grid(experiment, trials, **report):
         ledger=report.pop("ledger", None),
         journal=None,
         restores=0,
+        started_at=None,
+        ended_at=None,
+        versions={},
+        curve=None,
     )
     (experiment / REPORT_FILE).write_text(json.dumps(report.to_dict()))
 

@@ -1,0 +1,110 @@
+"""A private_tuner search driven in its own process, for the budget tests (tests/test_budget_cap.py).
+
+    python tests/budget_driver.py STORAGE NAME SIDE_FILE --k K --epsilon E [--retries R]
+                                  [--interrupt-after N] [--restore]
+
+It connects to the Ray cluster at $RAY_ADDRESS (the tests' shared session). Each attempt of
+the trainable appends ``start <trial id>`` to SIDE_FILE (fsync'd) before it trains and
+``done <trial id>`` when it ends. ``--interrupt-after N`` sends this driver a real SIGINT
+(Ctrl-C) once N trials are done; ``--restore`` continues the search with
+``tune.Tuner.restore``. It prints the accountant's lines and ``RESULT <json>`` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+import time
+
+import ray
+from ray import tune
+
+import ray_dptune
+from ray_dptune import PointMass, TrialSpend
+
+SAMPLE_RATE, STEPS, DELTA = 0.05, 40, 1e-5
+
+
+def side_log(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def plan_for(sigma: float) -> TrialSpend:
+    return TrialSpend(sample_rate=SAMPLE_RATE, noise_multiplier=sigma, steps=STEPS)
+
+
+def slow_trainable(config):
+    """Four reports of 10 steps each, 0.5 s apart."""
+    trial_id = tune.get_context().get_trial_id()
+    side_log(config["side_file"], f"start {trial_id}")
+    plan = plan_for(config["noise_multiplier"])
+    for epoch in range(1, 5):
+        time.sleep(0.5)
+        spent = TrialSpend(sample_rate=SAMPLE_RATE, noise_multiplier=plan.noise_multiplier, steps=10 * epoch)
+        tune.report({"score": config["x"] + 0.01 * epoch, "dp_plan": plan.to_dict(), "dp_spent": spent.to_dict()})
+    side_log(config["side_file"], f"done {trial_id}")
+
+
+def interrupt_after(side_file: str, done: int) -> None:
+    """Sends this process SIGINT (what Ctrl-C does) once ``done`` trials have ended."""
+
+    def watch():
+        while True:
+            lines = open(side_file).read().split() if os.path.exists(side_file) else []
+            if lines.count("done") >= done:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("storage")
+    parser.add_argument("name")
+    parser.add_argument("side_file")
+    parser.add_argument("--k", type=int, default=6)
+    parser.add_argument("--epsilon", type=float, default=4.0)
+    parser.add_argument("--retries", type=int, default=0)
+    parser.add_argument("--interrupt-after", type=int, default=None)
+    parser.add_argument("--restore", action="store_true")
+    args = parser.parse_args()
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    path = os.path.join(args.storage, args.name)
+    if args.restore:
+        tuner = tune.Tuner.restore(path, slow_trainable)
+    else:
+        tuner = ray_dptune.private_tuner(
+            slow_trainable,
+            param_space={"x": tune.uniform(0.0, 1.0), "side_file": args.side_file},
+            epsilon=args.epsilon,
+            delta=DELTA,
+            law=PointMass(args.k),
+            plan_for=plan_for,
+            metric="score",
+            mode="max",
+            retries=args.retries,
+            tune_config=tune.TuneConfig(max_concurrent_trials=2),
+            run_config=tune.RunConfig(name=args.name, storage_path=args.storage, verbose=0),
+        )
+    if args.interrupt_after is not None:
+        interrupt_after(args.side_file, args.interrupt_after)
+    try:
+        tuner.fit()
+        outcome = {"error": None}
+    except Exception as error:  # noqa: BLE001 - the test reads what the driver saw
+        outcome = {"error": f"{type(error).__name__}: {error}"}
+    print("RESULT " + json.dumps({**outcome, "path": path}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
