@@ -231,6 +231,12 @@ def _released_trial(
         named = [trial for trial in trials if _trial_id(trial) == details["released_trial_id"]]
         if not named:
             raise PrivacyError(f"The released trial {details['released_trial_id']} is not in this experiment.")
+        state = (report["trials"].get(details["released_trial_id"]) or {}).get("state")
+        if state != "completed":
+            raise PrivacyError(
+                f"The trial the searcher names as its output, {details['released_trial_id']}, ended {state!r}, not "
+                "'completed': a failed or unfinished trial is never released."
+            )
         score = _last_metrics(named[0]).get(metric) if metric else None
         return named[0], None if score is None else float(score)
     if metric is None or mode not in ("max", "min"):

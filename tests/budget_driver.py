@@ -25,16 +25,9 @@ from ray import tune
 import ray_dptune
 from ray_dptune import PointMass, TrialSpend
 
+from kill_driver import side_log  # the same fsync'd side file as the kill tests' (tests/ is on PYTHONPATH)
+
 SAMPLE_RATE, STEPS, DELTA = 0.05, 40, 1e-5
-
-
-def side_log(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def plan_for(sigma: float) -> TrialSpend:

@@ -143,3 +143,97 @@ def test_a_spend_past_the_plan_that_neither_covers_is_bounded_by_the_larger_curv
     planned.on_trial_result(0, [], TRIAL, {"dp_plan": GOOD_CURVE, "dp_spent": GOOD_CURVE})
     assert accountant.account.guarantee().epsilon == pytest.approx(reference.account.guarantee().epsilon, rel=1e-12)
     assert accountant.account.guarantee().epsilon > planned.account.guarantee().epsilon
+
+
+# ----------------------------------------------------------------------------- the budget as a hard cap
+
+
+def capped(k=1, room=0, searcher=None):
+    """A callback whose target leaves room for exactly ``room`` runs at the plan beside the K-run search."""
+    from ray_dptune.accounting.account import Mechanism, SearchAccount
+
+    selection = SearchAccount(Mechanism.random_count(law=PointMass(k), num_trials=k), delta=1e-5, plan=PLAN.to_dict())
+    target = selection.guarantee(extra_charges=room).epsilon * 1.001
+    assert selection.guarantee(extra_charges=room + 1).epsilon > target
+    searcher = searcher or RandomCountSearcher(PointMass(k), seed=0)
+    return PrivacyAccountantCallback(searcher, delta=1e-5, plan=PLAN, target_epsilon=target, verbose=False)
+
+
+def test_a_failed_run_is_covered_and_its_retry_is_charged_before_it_can_start():
+    from ray_dptune import BudgetExceededError
+
+    accountant = capped(k=1, room=0)
+    accountant.on_trial_start(0, [], TRIAL)
+    accountant.on_trial_error(0, [], TRIAL)  # no retry: the run is the K = 1 run, output "failed"
+    assert accountant.account.charged_attempts(if_stopped_now=True) == 0
+    with pytest.raises(BudgetExceededError, match="Starting this attempt"):
+        accountant.on_trial_start(0, [], TRIAL)  # a re-run would charge the failed attempt: refused, not journaled
+    assert [a["state"] for a in accountant.account.attempts_of("t1")] == ["failed"]
+    roomy = capped(k=1, room=1)  # room for one more run at the plan
+    roomy.on_trial_start(0, [], TRIAL)
+    roomy.on_trial_recover(0, [], TRIAL)  # Tune re-queues it: charged now, before the retry starts
+    assert roomy.account.charged_attempts(if_stopped_now=True) == 1
+    roomy.on_trial_start(0, [], TRIAL)
+    assert roomy.account.charged_attempts() == 1  # the retry itself is the covered run
+    with pytest.raises(BudgetExceededError, match="Retrying this trial"):  # no controller: the refusal is raised
+        roomy.on_trial_recover(0, [], TRIAL)  # a second retry: no room left
+    assert roomy.account.attempts_of("t1")[-1]["refused"]  # recorded as refused (a final failed run), not charged
+    assert roomy.account.charged_attempts(if_stopped_now=True) == 1
+    assert not roomy.report().complete and roomy.report().trials["t1"]["state"] == "refused"
+
+
+def test_targets_are_validated_where_they_are_given():
+    searcher = RandomCountSearcher(PointMass(2), seed=0)
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="target_epsilon"):
+            PrivacyAccountantCallback(searcher, delta=1e-5, plan=PLAN, target_epsilon=bad)
+    with pytest.raises(ValueError, match="target_epsilon needs plan="):
+        PrivacyAccountantCallback(searcher, delta=1e-5, target_epsilon=1.5)
+    with pytest.raises(PrivacyError, match=r"above target_epsilon = 0.5 before any trial"):
+        PrivacyAccountantCallback(searcher, delta=1e-5, plan=PLAN, target_epsilon=0.5)
+
+
+def test_a_stopped_attempt_is_interrupted_the_search_incomplete_and_a_rerun_charged():
+    accountant = capped(k=2, room=1)
+    accountant.on_trial_start(0, [], TRIAL)
+    accountant.on_experiment_end([])  # Ctrl-C: the live driver records what it stopped
+    report = accountant.report()
+    assert report.trials["t1"]["state"] == "interrupted" and not report.complete
+    assert "1 of its 2 trials" in report.incomplete_reason and "stopped before they ended" in report.incomplete_reason
+    assert accountant.account.charged_attempts(if_stopped_now=True) == 0 and report.target["held"]
+    accountant.on_trial_start(0, [], TRIAL)  # a restore re-runs it: the interrupted attempt is charged
+    assert accountant.account.charged_attempts() == 1
+
+
+def test_a_refused_suggestion_is_not_counted_by_the_searcher():
+    """Else a search cut short by the budget would look complete (truncated K)."""
+    from ray_dptune import BudgetExceededError
+
+    searcher = RandomCountSearcher(PointMass(1), seed=0)
+    searcher.set_search_properties("score", "max", {"x": 0.5})
+    accountant = capped(k=1, room=0, searcher=searcher)
+    accountant.on_trial_start(0, [], SimpleNamespace(trial_id="lost", config={}))  # a trial Tune lost track of
+    with pytest.raises(BudgetExceededError, match="A new trial"):
+        searcher.suggest("new")  # beyond K = 1: charged, past the budget
+    assert not searcher.finished and "new" not in accountant.account.trials
+
+
+@pytest.mark.parametrize("scale, admitted", [(1.0 - 1e-9, False), (1.0, True)], ids=["just-below", "exactly"])
+def test_the_cap_is_exact_at_its_edge(scale, admitted):
+    """A retry whose charge reaches the target exactly is admitted; one that passes it by 1e-9 is refused."""
+    from ray_dptune import BudgetExceededError
+    from ray_dptune.accounting.account import Mechanism, SearchAccount
+
+    account = SearchAccount(Mechanism.random_count(law=PointMass(1), num_trials=1), delta=1e-5, plan=PLAN.to_dict())
+    after_retry = account.guarantee(extra_charges=1).epsilon
+    accountant = PrivacyAccountantCallback(
+        RandomCountSearcher(PointMass(1), seed=0), delta=1e-5, plan=PLAN, target_epsilon=after_retry * scale,
+        verbose=False,
+    )
+    accountant.on_trial_start(0, [], TRIAL)
+    if admitted:
+        accountant.on_trial_recover(0, [], TRIAL)
+        assert accountant.account.guarantee().epsilon == after_retry
+    else:
+        with pytest.raises(BudgetExceededError):
+            accountant.on_trial_recover(0, [], TRIAL)

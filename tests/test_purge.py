@@ -220,7 +220,8 @@ class FakeTrial:
 
 
 def fake_grid(experiment, trials, **report):
-    """A ResultGrid stand-in over a hand-made experiment folder (no Ray run)."""
+    """A ResultGrid stand-in over a hand-made experiment folder (no Ray run); ``states`` overrides "completed"."""
+    states = report.pop("states", {})
     report = PrivacyReport(
         search_id="s",
         searcher="RandomCountSearcher",
@@ -235,7 +236,7 @@ def fake_grid(experiment, trials, **report):
         details=report.pop("details", {}),
         plan=None,
         score_privacy="public",
-        trials={trial.trial_id: {"state": "completed", "attempts": []} for trial in trials},
+        trials={t.trial_id: {"state": states.get(t.trial_id, "completed"), "attempts": []} for t in trials},
         num_trials_planned=len(trials),
         num_trials_started=len(trials),
         unaccounted_trials=[],
@@ -292,3 +293,15 @@ def test_purge_keeps_the_privacy_record_and_deletes_every_trial_when_the_searche
     released = release_best(grid, purge=True)
     assert released.config == {"v": 0.5} and released.checkpoint_path is None
     assert sorted(os.listdir(experiment)) == sorted([REPORT_FILE, *record])
+
+
+def test_a_trial_the_searcher_names_is_released_only_if_it_ended_its_run(tmp_path):
+    """Constant-overhead tuning names its final trial: a failed final trial is never released."""
+    experiment = tmp_path / "experiment"
+    (experiment / "trial_a").mkdir(parents=True)
+    trials = [FakeTrial(experiment / "trial_a", 1.0)]
+    grid = fake_grid(experiment, trials, details={"released_trial_id": "trial_a"}, states={"trial_a": "failed"})
+    with pytest.raises(PrivacyError, match="ended 'failed', not 'completed'"):
+        release_best(grid)
+    grid = fake_grid(experiment, trials, details={"released_trial_id": "trial_a"})
+    assert release_best(grid).score == 1.0

@@ -233,8 +233,8 @@ class PrivateSearcher(Searcher):
         if proposal is None:
             return None
         config, record = proposal
+        self.record_suggestion(trial_id, config)  # refused (budget) before the searcher counts it as suggested
         self._suggested[trial_id] = record
-        self.record_suggestion(trial_id, config)
         return config
 
     def get_state(self) -> dict[str, Any]:
