@@ -61,14 +61,15 @@ def drive(tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: lis
 
 
 def _ray_could_not_restore(process) -> bool:
-    """Ray's own state was cut mid-write by a kill, so Tune cannot go on: either ``tuner.pkl`` is
-    truncated (``Tuner.restore`` fails) or the searcher state is, and Tune restarts the run with
+    """Ray's own state was cut mid-write by a kill, so Tune cannot go on: ``tuner.pkl`` or the callbacks'
+    state is truncated (``Tuner.restore`` fails), or the searcher state is, and Tune restarts the run with
     num_samples=1, which the accountant refuses before any trial (a silent truncation of K)."""
     restarted = (
         "Failed to restore the run state" in process.stderr and "num_samples=1 would silently stop" in process.stderr
     )
     truncated_tuner = "_restore_from_path_or_uri" in process.stderr and "EOFError" in process.stderr
-    return process.returncode != 0 and (restarted or truncated_tuner)
+    truncated_callbacks = "restore_from_dir" in process.stderr and "EOFError" in process.stderr  # callback-states-*.pkl
+    return process.returncode != 0 and (restarted or truncated_tuner or truncated_callbacks)
 
 
 def _starts(side) -> list[str]:
