@@ -62,13 +62,13 @@ from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
 from ray_dptune.accounting import DEFAULT_ORDERS, RDPCurve, gaussian_profile, mechanisms, repeat_and_select
 from ray_dptune.accounting.generic import add_no_run_atom
-from ray_dptune.distributions import Poisson, RunCountDistribution, TruncatedNegativeBinomial
+from ray_dptune.accounting.distributions import Poisson, RunCountDistribution, TruncatedNegativeBinomial
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SAME_BASE_RTOL = 1e-9
 EXACT_PROFILE_LIMIT = 3.80  # Poisson, E[K] = 10, 0.1-zCDP, δ = 1e-6 (dp_accounting: ~4.607)
 DP_ORDERS = np.asarray(DEFAULT_RDP_ORDERS, dtype=float)
-BENCHMARKED_PATHS = ("ray_dptune/accounting", "ray_dptune/distributions.py", "ray_dptune/errors.py")
+BENCHMARKED_PATHS = ("ray_dptune/accounting", "ray_dptune/accounting/distributions.py", "ray_dptune/errors.py")
 
 # (name, η): dp_accounting's ``shape``; η = inf is Poisson.
 LAWS: tuple[tuple[str, float], ...] = (

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ray_dptune import PointMass, PrivacyAccountantCallback, RandomCountSearcher, TrialSpend
-from ray_dptune.ledger import PrivacyLedger
+from ray_dptune.records.ledger import PrivacyLedger
 
 PLAN = TrialSpend(sample_rate=0.045, noise_multiplier=2.49, steps=336)
 RESULTS = Path(__file__).resolve().parent / "results" / "callback_overhead.md"

@@ -51,7 +51,7 @@ def search_epsilon(sigma: float, gamma: float, ratio: float, upper: float) -> fl
     from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound
     from ray_dptune.accounting.selection import truncated_negative_binomial_bound
     from ray_dptune.accounting.spend import TrialSpend
-    from ray_dptune.distributions import Geometric
+    from ray_dptune.accounting.distributions import Geometric
 
     base = TrialSpend(sample_rate=64 / 1437, noise_multiplier=sigma, steps=110).curve()
     base = RDPCurve(base.orders, base.epsilons)  # RDP only for both: DP-HyPO's proof has no PLD version

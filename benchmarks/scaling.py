@@ -5,7 +5,7 @@ it returns its rows, the columns to print and its goal. A run updates only the
 sections it ran in ``results/scaling.json`` (the others are kept) and rewrites
 ``results/scaling.md`` from that file, so sections may be re-run one at a time.
 
-``ledger``: a :class:`~ray_dptune.ledger.PrivacyLedger` holding N earlier searches on
+``ledger``: a :class:`~ray_dptune.records.ledger.PrivacyLedger` holding N earlier searches on
 one dataset (random-count searches with a DP-SGD plan, some with charged attempts,
 and one DP-BO release in ten), opened by two drivers. Timed, in rounds, median over
 ``--repeats`` rounds: another driver recording a new search; the dataset's total and
@@ -46,15 +46,15 @@ import numpy as np
 
 from ray_dptune import Poisson, TrialSpend
 from ray_dptune.accounting.account import Guarantee, Mechanism, SearchAccount
-from ray_dptune.ledger import PrivacyLedger
+from ray_dptune.records.ledger import PrivacyLedger
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BENCHMARKED_PATHS = (
-    "ray_dptune/ledger.py",
-    "ray_dptune/store.py",
+    "ray_dptune/records/ledger.py",
+    "ray_dptune/records/store.py",
     "ray_dptune/accounting",
-    "ray_dptune/callbacks.py",
-    "ray_dptune/journal.py",
+    "ray_dptune/tune/accountant.py",
+    "ray_dptune/records/journal.py",
 )
 DATASET = "bench"
 DELTA = 1e-5

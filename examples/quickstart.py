@@ -38,7 +38,7 @@ from ray_dptune import (
     release_best,
     repeat_and_select,
 )
-from ray_dptune.report import REPORT_FILE
+from ray_dptune.records.report import REPORT_FILE
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable
 
 SPACE = {"lr": tune.loguniform(0.05, 4.0), "max_grad_norm": tune.loguniform(0.1, 10.0)}

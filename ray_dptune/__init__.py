@@ -14,7 +14,7 @@ from typing import Any
 from ray_dptune.accounting import RDPCurve, repeat_and_select
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
 from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
 from ray_dptune.errors import BudgetExceededError, PrivacyError, UnsupportedBoundError
 
 __version__ = "0.1.0"
@@ -24,15 +24,15 @@ _LAZY = {
     "DPHyPOSearcher": "ray_dptune.search.dphypo",
     "ConstantOverheadSearcher": "ray_dptune.search.constant_overhead",
     "DPBOSearcher": "ray_dptune.search.dpbo",
-    "PrivacyAccountantCallback": "ray_dptune.callbacks",
-    "PrivacyGuardScheduler": "ray_dptune.schedulers",
-    "PrivateASHAScheduler": "ray_dptune.private_asha",
-    "check_scheduler": "ray_dptune.schedulers",
-    "private_tune_config": "ray_dptune.schedulers",
-    "ReleasedTrial": "ray_dptune.release",
-    "release_best": "ray_dptune.release",
+    "PrivacyAccountantCallback": "ray_dptune.tune.accountant",
+    "PrivacyGuardScheduler": "ray_dptune.tune.guard",
+    "PrivateASHAScheduler": "ray_dptune.tune.private_asha",
+    "check_scheduler": "ray_dptune.tune.guard",
+    "private_tune_config": "ray_dptune.tune.guard",
+    "ReleasedTrial": "ray_dptune.tune.release",
+    "release_best": "ray_dptune.tune.release",
     "dp_trainable": "ray_dptune.training",
-    "private_tuner": "ray_dptune.tuner",
+    "private_tuner": "ray_dptune.tune.tuner",
 }
 
 __all__ = [

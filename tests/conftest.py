@@ -23,7 +23,7 @@ def ray_session():
 @pytest.fixture
 def durable_syncs(monkeypatch):
     """The ``durable`` flag of every journal transaction committed from now on (True: synchronous=FULL)."""
-    from ray_dptune.store import SQLiteStore
+    from ray_dptune.records.store import SQLiteStore
 
     synced = []
     transaction = SQLiteStore.transaction

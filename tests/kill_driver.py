@@ -177,7 +177,7 @@ def main() -> None:
             searcher = KillingSearcher(PointMass(args.k), metric=metric, mode="max", seed=7)
         ledger_args = {}
         if args.ledger:
-            from ray_dptune.ledger import PrivacyLedger
+            from ray_dptune.records.ledger import PrivacyLedger
 
             ledger_args = {"ledger": PrivacyLedger(args.ledger), "dataset": "kills"}
         plan = trainable.privacy_plan(digits_space()) if args.digits else ASHA_PLAN if args.asha else PLAN

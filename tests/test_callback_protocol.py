@@ -8,7 +8,7 @@ import pytest
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, TrialSpend
 from ray_dptune.accounting import RDPCurve
 from ray_dptune.accounting.account import Mechanism
-from ray_dptune.ledger import PrivacyLedger
+from ray_dptune.records.ledger import PrivacyLedger
 from ray_dptune.search.base import PrivateSearcher
 
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)

@@ -107,7 +107,7 @@ def test_a_trial_that_spends_its_own_smaller_plan_is_not_an_early_stop():
 
 def test_a_trial_that_ran_past_the_plan_is_journaled_durably_and_bounded_as_it_ran(tmp_path, request):
     """The report is committed (FULL) before PrivacyError, and the guarantee then uses what the trial ran."""
-    from ray_dptune.journal import SearchJournal
+    from ray_dptune.records.journal import SearchJournal
 
     journal_path = str(tmp_path / "journal.db")
     searcher = RandomCountSearcher(PointMass(2), seed=0)

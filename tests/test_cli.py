@@ -16,8 +16,8 @@ from ray_dptune import TrialSpend
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
 from ray_dptune.accounting.account import Mechanism, SearchAccount
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
-from ray_dptune.cli import main
-from ray_dptune.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
+from ray_dptune.cli.main import main
+from ray_dptune.accounting.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
 
 SIGMA = 5**0.5  # the Gaussian mechanism with σ = √5 is 0.1-zCDP
 SIGMA_TEXT = "2.2360679775"
@@ -400,7 +400,7 @@ def test_calibrate_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_cli_module_does_not_import_ray_or_torch() -> None:
-    code = "import sys, ray_dptune.cli; print(any(m.split('.')[0] in ('ray', 'torch') for m in sys.modules))"
+    code = "import sys, ray_dptune.cli.main; print(any(m.split('.')[0] in ('ray', 'torch') for m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
@@ -430,7 +430,7 @@ def test_console_script_runs() -> None:
 
 def test_python_dash_m_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ray_dptune.cli", "plan", "--zcdp", "0.1", "--law", "geometric", "--json"],
+        [sys.executable, "-m", "ray_dptune.cli.main", "plan", "--zcdp", "0.1", "--law", "geometric", "--json"],
         check=False,
         capture_output=True,
         text=True,

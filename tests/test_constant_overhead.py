@@ -30,7 +30,8 @@ from ray_dptune.accounting.svt import (
     svt_round,
     worst_case_noiseless_rounds,
 )
-from ray_dptune.search.constant_overhead import PARTITION_KEY, ConstantOverheadSearcher, expand_candidates
+from ray_dptune.result_keys import PARTITION_KEY
+from ray_dptune.search.constant_overhead import ConstantOverheadSearcher, expand_candidates
 
 DYADIC_G = 1.0 / 1024  # exact in binary: levels u0 + g·L compare without rounding
 
@@ -516,7 +517,7 @@ def fake_constant_overhead_trainable(config):
 def test_end_to_end_in_tune(tmp_path):
     """Under private_tune_config's guard, screening trials (no plan) run to their last report."""
     from ray_dptune import private_tune_config, release_best
-    from ray_dptune.callbacks import REPORT_FILE
+    from ray_dptune.tune.accountant import REPORT_FILE
 
     delta = 1e-5
     searcher = ConstantOverheadSearcher(

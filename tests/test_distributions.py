@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ray_dptune import distributions as d
-from ray_dptune.distributions import (
+from ray_dptune.accounting import distributions as d
+from ray_dptune.accounting.distributions import (
     Geometric,
     Logarithmic,
     PointMass,

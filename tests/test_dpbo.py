@@ -21,7 +21,7 @@ from scipy import special, stats
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, UnsupportedBoundError, private_tune_config
 from ray_dptune.accounting import information_gain as ig
 from ray_dptune.accounting import validation_release as vr
-from ray_dptune.callbacks import REPORT_FILE
+from ray_dptune.tune.accountant import REPORT_FILE
 from ray_dptune.search.dpbo import DPBOSearcher, build_candidate_set, draw_index, gp_posterior
 
 SPACE = {"C": tune.grid_search([0.1, 1.0, 10.0]), "gamma": tune.grid_search([1e-3, 1e-2])}  # |Λ| = 6

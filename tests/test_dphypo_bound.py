@@ -26,7 +26,7 @@ from ray_dptune.accounting import RDPCurve, generic_repeat_and_select
 from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound, lemma_a4_curve
 from ray_dptune.accounting.selection import truncated_negative_binomial_bound
 from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.distributions import Geometric, Logarithmic, RunCountDistribution, TruncatedNegativeBinomial
+from ray_dptune.accounting.distributions import Geometric, Logarithmic, RunCountDistribution, TruncatedNegativeBinomial
 
 ORDERS = np.array([1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0])
 INFLATION = 1.0 + 1e-9  # the exact base curve, rounded up

@@ -84,7 +84,7 @@ def implied_epsilon(attempts: int, k: int) -> float:
 
 def audit_journal(folder, starts: list[str], k: int) -> None:
     """Audits what the journal alone proves (no report was written: Ray could not restore)."""
-    from ray_dptune.journal import SearchJournal
+    from ray_dptune.records.journal import SearchJournal
 
     path = folder / "privacy_journal.db"
     if not path.exists() or SearchJournal(path).search() is None:
@@ -96,7 +96,7 @@ def audit_journal(folder, starts: list[str], k: int) -> None:
 
 def journal_report(folder) -> dict:
     """What the journal alone says, charging what a dead driver left live (no report was written)."""
-    from ray_dptune.journal import SearchJournal
+    from ray_dptune.records.journal import SearchJournal
 
     account = SearchJournal(folder / "privacy_journal.db").account()
     account.restored()
@@ -114,7 +114,7 @@ def audit(report: dict, starts: list[str], k: int) -> None:
     for trial in set(starts):  # the journal saw every attempt the side file saw
         assert recorded.get(trial, 0) >= starts.count(trial), (trial, recorded)
     # the report is exactly the account of its own journal, and the journal can be replayed
-    from ray_dptune.journal import SearchJournal
+    from ray_dptune.records.journal import SearchJournal
 
     replayed = SearchJournal(report["journal"]).account()
     if report["restores"] == 0 and report.get("searcher") is None:  # from the journal alone
@@ -134,7 +134,7 @@ def test_a_killed_private_asha_search_never_under_counts_a_unit(tmp_path, kills)
     """Every time unit the side file saw run was charged to its trial before it ran, across kills."""
     from kill_driver import ASHA_PLAN
 
-    from ray_dptune.journal import SearchJournal
+    from ray_dptune.records.journal import SearchJournal
 
     report, starts, killed = drive(tmp_path, "asha", kills, k=2, extra=["--asha"])
     assert killed >= 1
@@ -175,7 +175,7 @@ def test_a_killed_driver_never_under_counts(tmp_path, kills):
 
 
 def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
-    from ray_dptune.ledger import PrivacyLedger
+    from ray_dptune.records.ledger import PrivacyLedger
 
     ledger_path = tmp_path / "ledger.db"
     kills = [["--kill", "result:3"], ["--kill", "start:1"], ["--kill-after", "0.3"]]
@@ -207,7 +207,7 @@ def test_with_the_real_dp_trainable(tmp_path):
     assert killed == 1
     report = report or journal_report(tmp_path / "digits")  # None: Ray could not restore its own state
     from ray_dptune.accounting.spend import curve_from_report
-    from ray_dptune.journal import SearchJournal
+    from ray_dptune.records.journal import SearchJournal
 
     plan = SearchJournal(tmp_path / "digits" / "privacy_journal.db").account().plan
     least = (max(len(starts), 2) * curve_from_report(plan)).epsilon(delta=DELTA)
@@ -258,6 +258,6 @@ def test_replaying_a_journal_after_a_restore_charges_every_live_attempt():
 
 
 def _point_mass(k):
-    from ray_dptune.distributions import PointMass
+    from ray_dptune.accounting.distributions import PointMass
 
     return PointMass(k)

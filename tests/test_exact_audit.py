@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from ray_dptune.accounting import RDPCurve, generic_repeat_and_select, repeat_and_select
-from ray_dptune.distributions import (
+from ray_dptune.accounting.distributions import (
     Geometric,
     PointMass,
     Poisson,

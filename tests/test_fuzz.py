@@ -33,7 +33,7 @@ from ray_dptune.accounting import validation_release as vr
 from ray_dptune.accounting.generic import add_no_run_atom
 from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
 from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.distributions import (
+from ray_dptune.accounting.distributions import (
     Geometric,
     Logarithmic,
     PointMass,

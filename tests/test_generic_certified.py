@@ -13,7 +13,7 @@ from scipy import special
 
 from ray_dptune.accounting import RDPCurve, generic_repeat_and_select
 from ray_dptune.accounting.generic import add_no_run_atom, upper_envelope
-from ray_dptune.distributions import Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.distributions import Poisson, TruncatedNegativeBinomial
 
 pytestmark = pytest.mark.fast
 

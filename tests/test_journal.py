@@ -10,9 +10,9 @@ import pytest
 
 from ray_dptune import PointMass, TrialSpend
 from ray_dptune.accounting.account import Mechanism, SearchAccount
-from ray_dptune.cli import main as cli
+from ray_dptune.cli.main import main as cli
 from ray_dptune.errors import PrivacyError
-from ray_dptune.journal import JOURNAL_FILE, SearchJournal, journal_summary
+from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal, journal_summary
 
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 DELTA = 1e-5

@@ -15,9 +15,9 @@ import pytest
 from ray_dptune import PointMass, Poisson, PrivacyError, RDPCurve, TrialSpend
 from ray_dptune.accounting.account import Mechanism, SearchAccount
 from ray_dptune.accounting.guarantee import compose_with_releases
-from ray_dptune.cli import main
-from ray_dptune.ledger import PrivacyLedger
-from ray_dptune.store import StoreError
+from ray_dptune.cli.main import main
+from ray_dptune.records.ledger import PrivacyLedger
+from ray_dptune.records.store import StoreError
 
 DPSGD_PLAN = TrialSpend(
     sample_rate=0.05, noise_multiplier=1.5, steps=40

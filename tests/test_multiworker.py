@@ -9,7 +9,7 @@ from ray import cloudpickle, tune
 
 from ray_dptune import Poisson, RandomCountSearcher, TrialSpend, private_tuner, release_best
 from ray_dptune.accounting.account import Mechanism, SearchAccount
-from ray_dptune.callbacks import SPENT_KEY
+from ray_dptune.result_keys import SPENT_KEY
 from ray_dptune.training import opacus_plan
 
 DELTA = 1e-5

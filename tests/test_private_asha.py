@@ -22,7 +22,7 @@ from ray_dptune import (
     release_best,
 )
 from ray_dptune.accounting.account import Mechanism, SearchAccount
-from ray_dptune.journal import SearchJournal
+from ray_dptune.records.journal import SearchJournal
 from ray_dptune.search.rungs import Rungs
 
 DELTA = 1e-5
@@ -190,7 +190,7 @@ def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it
         asha.searcher, delta=DELTA, plan=PLAN, journal_path=journal_path, verbose=False
     )
     controller = SimpleNamespace(scheduler_alg=asha, search_alg=SimpleNamespace(searcher=asha.searcher))
-    monkeypatch.setattr("ray_dptune.callbacks.running_controller", lambda: controller)  # as TuneController runs it
+    monkeypatch.setattr("ray_dptune.tune.accountant.running_controller", lambda: controller)  # as TuneController runs it
     accountant.setup(num_samples=-1)
     trial = SimpleNamespace(trial_id="a", config=asha.searcher.suggest("a"))
     assert isinstance(asha.searcher.suggest("b"), dict)  # 2 of the budget's 3 units charged at suggestion

@@ -29,8 +29,8 @@ from ray_dptune import (
     private_tune_config,
     release_best,
 )
-from ray_dptune.journal import JOURNAL_FILE
-from ray_dptune.report import REPORT_FILE, PrivacyReport
+from ray_dptune.records.journal import JOURNAL_FILE
+from ray_dptune.records.report import REPORT_FILE, PrivacyReport
 from ray_dptune.search.dphypo import DPHyPOSearcher
 
 pytestmark = pytest.mark.usefixtures("ray_session")

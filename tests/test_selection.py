@@ -10,7 +10,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 from ray_dptune.accounting import RDPCurve, gaussian_profile, generic_repeat_and_select, repeat_and_select
 from ray_dptune.accounting.generic import add_no_run_atom
 from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
-from ray_dptune.distributions import (
+from ray_dptune.accounting.distributions import (
     Geometric,
     Logarithmic,
     PointMass,

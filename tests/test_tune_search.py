@@ -23,7 +23,7 @@ from ray_dptune import (
     release_best,
     repeat_and_select,
 )
-from ray_dptune.callbacks import REPORT_FILE
+from ray_dptune.tune.accountant import REPORT_FILE
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -147,7 +147,7 @@ def test_spending_above_the_plan_stops_the_search(tmp_path):
         run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), greedy)
     # It ran 41 steps: the journal, read back after the stop, charges them (not the plan's 40).
     from ray_dptune.accounting.account import Mechanism, SearchAccount
-    from ray_dptune.journal import JOURNAL_FILE, SearchJournal
+    from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
 
     def planned(plan):
         return SearchAccount(Mechanism.random_count(law=PointMass(1), num_trials=1), delta=DELTA, plan=plan.to_dict())
@@ -317,7 +317,7 @@ def test_end_to_end_with_dp_sgd_on_digits(tmp_path):
 
 
 def test_the_ledger_composes_searches_on_one_dataset(tmp_path):
-    from ray_dptune.ledger import PrivacyLedger
+    from ray_dptune.records.ledger import PrivacyLedger
 
     ledger = PrivacyLedger(tmp_path / "ledger.db")
     law = PointMass(2)
@@ -357,7 +357,7 @@ def test_the_ledger_composes_searches_on_one_dataset(tmp_path):
 
 
 def test_restoring_on_another_dataset_is_refused(tmp_path):
-    from ray_dptune.ledger import PrivacyLedger
+    from ray_dptune.records.ledger import PrivacyLedger
 
     ledger = PrivacyLedger(tmp_path / "ledger.db")
     searcher = RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1)

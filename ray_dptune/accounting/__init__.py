@@ -1,7 +1,7 @@
 """Privacy accounting for whole hyperparameter searches: pure math, no Ray, no torch.
 
 >>> from ray_dptune.accounting import RDPCurve, repeat_and_select
->>> from ray_dptune.distributions import Poisson
+>>> from ray_dptune.accounting.distributions import Poisson
 >>> base = RDPCurve.gaussian(noise_multiplier=5 ** 0.5)              # 0.1-zCDP
 >>> search = repeat_and_select(base, Poisson(mean=10))
 >>> search.epsilon(delta=1e-6) < (10 * base).epsilon(delta=1e-6)

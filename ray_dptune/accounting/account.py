@@ -3,7 +3,7 @@
 Every adapter — searchers, the callback, the ledger, the report, the CLI — reads a
 search's guarantee from here and computes none of its own. The account is a fold of
 events (:meth:`SearchAccount.apply`), so a write-ahead journal of the same events
-rebuilds it exactly after any fault (:mod:`ray_dptune.journal`).
+rebuilds it exactly after any fault (:mod:`ray_dptune.records.journal`).
 
 **The rule.** The mechanism's bound covers a fixed number of attempts: the last
 attempt of at most ``cover_cap`` accounted trials (K for random-count and DP-HyPO

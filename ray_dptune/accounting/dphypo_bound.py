@@ -57,7 +57,7 @@ import numpy as np
 from ray_dptune import validate
 from ray_dptune.accounting.generic import add_no_run_atom
 from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.distributions import RunCountDistribution
+from ray_dptune.accounting.distributions import RunCountDistribution
 
 __all__ = ["dphypo_lemma_bound", "lemma_a4_curve", "worst_log_pgf_ratio"]
 

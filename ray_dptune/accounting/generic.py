@@ -35,7 +35,7 @@ import numpy as np
 
 from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.distributions import RunCountDistribution
+from ray_dptune.accounting.distributions import RunCountDistribution
 
 __all__ = ["add_no_run_atom", "generic_repeat_and_select", "upper_envelope"]
 

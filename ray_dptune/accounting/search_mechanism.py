@@ -17,7 +17,7 @@ from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.selection import repeat_and_select
 from ray_dptune.accounting.svt import svt_curve
-from ray_dptune.distributions import RunCountDistribution, distribution_from_dict
+from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
 
 __all__ = ["MECHANISM_KINDS", "Mechanism"]
 

@@ -39,15 +39,14 @@ from ray_dptune.accounting.svt import (
     worst_case_noiseless_rounds,
 )
 from ray_dptune.errors import UnsupportedBoundError
+from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.space import FINITE_ONLY, expand_candidates, is_fixed
 
-__all__ = ["PARTITION_KEY", "ConstantOverheadSearcher", "expand_candidates"]
+__all__ = ["ConstantOverheadSearcher", "expand_candidates"]
 
 logger = logging.getLogger(__name__)
 
-PARTITION_KEY = "dp_partition"
-"""Config key of a partition trial: ``{"index": i, "count": k, "private": bool}``, 0 <= i < k."""
 
 
 class ConstantOverheadSearcher(PrivateSearcher):

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ray_dptune.distributions import PointMass, RunCountDistribution, TruncatedNegativeBinomial
+from ray_dptune.accounting.distributions import PointMass, RunCountDistribution, TruncatedNegativeBinomial
 from ray_dptune.errors import UnsupportedBoundError
 from ray_dptune.search.base import RunCountSearcher
 from ray_dptune.search.candidates import SearchCells, build_cells

@@ -16,7 +16,8 @@ from ray_dptune.training.loop import Report, train, train_step
 from ray_dptune.training.models import digits_cnn
 from ray_dptune.training.opacus_spend import OpacusSpend, opacus_plan
 from ray_dptune.training.oso import OSODPOptimizer
-from ray_dptune.training.partition import PARTITION_KEY, Partition
+from ray_dptune.result_keys import PARTITION_KEY
+from ray_dptune.training.partition import Partition
 from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, sampling_schedule, space_plan, trial_plan
 from ray_dptune.training.quantile import QuantileClipDPOptimizer
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, Hyperparameters, OptimizerName, TrainSpec

@@ -41,7 +41,8 @@ from ray_dptune.training.clipping import (
     restore_clipping_state,
 )
 from ray_dptune.training.grad_sample import resolve_grad_sample_mode
-from ray_dptune.training.partition import PARTITION_KEY, Partition
+from ray_dptune.result_keys import PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_KEY
+from ray_dptune.training.partition import Partition
 from ray_dptune.training.plan import PrivacyParams, sampling_schedule, trial_plan
 from ray_dptune.training.spec import Hyperparameters, LossFn, TrainSpec
 from ray_dptune.training.state import PrivacyLedger, TrainState
@@ -328,9 +329,9 @@ def _report_state(report: Report, metric: str, state: TrainState) -> None:
     """Reports one epoch's metrics with ``state`` saved as the checkpoint."""
     metrics: dict[str, Any] = {"epoch": state.epoch, metric: state.score}
     if state.plan is None:
-        metrics["dp_private"] = False
+        metrics[PRIVATE_KEY] = False
     else:
-        metrics.update({"dp_plan": state.plan.to_dict(), "dp_spent": state.spent.to_dict()})
+        metrics.update({PLAN_KEY: state.plan.to_dict(), SPENT_KEY: state.spent.to_dict()})
     with tempfile.TemporaryDirectory() as directory:
         state.save(directory)
         report(metrics, directory)

@@ -38,6 +38,7 @@ from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
+from ray_dptune.result_keys import PLAN_KEY, SPENT_KEY
 
 __all__ = ["OpacusSpend", "opacus_plan"]
 
@@ -117,8 +118,6 @@ class OpacusSpend:
 
     def report(self) -> dict[str, dict[str, Any]]:
         """``{"dp_plan": ..., "dp_spent": ...}``: merge it into every ``tune.report`` of the trial."""
-        from ray_dptune.callbacks import PLAN_KEY, SPENT_KEY  # imports Ray: only inside a trial
-
         return {PLAN_KEY: self._plan.to_dict(), SPENT_KEY: self.spent().to_dict()}
 
 

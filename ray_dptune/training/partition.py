@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
-__all__ = ["PARTITION_KEY", "Partition", "part_sizes", "partition_indices"]
+from ray_dptune.result_keys import PARTITION_KEY
 
-PARTITION_KEY = "dp_partition"
-"""The config key: ``{"index": i, "count": k}``, optionally with ``"private": False``."""
+__all__ = ["Partition", "part_sizes", "partition_indices"]
+
 
 _HASH_KEY = b"ray_dptune.partition.v1"  # changing it changes every assignment
 

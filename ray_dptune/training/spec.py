@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ray_dptune.result_keys import PLAN_KEY, PRIVATE_KEY, SPENT_KEY
 from ray_dptune.training.plan import PrivacyParams
 
 __all__ = [
@@ -48,7 +49,7 @@ OptimizerName = Literal["sgd", "adam"]
 LossFn = Callable[..., torch.Tensor]
 """``loss_fn(logits, targets, reduction="mean")``, e.g. ``torch.nn.functional.cross_entropy``."""
 
-RESERVED_METRICS = ("epoch", "dp_plan", "dp_spent", "dp_private")
+RESERVED_METRICS = ("epoch", PLAN_KEY, SPENT_KEY, PRIVATE_KEY)
 MISSING_HYPERPARAMETER = (
     "config[{key!r}] is required: dp_trainable reads the {what} from the trial's config, e.g. "
     "param_space={{'lr': tune.loguniform(1e-2, 2), 'max_grad_norm': tune.uniform(0.1, 5)}}."

@@ -12,7 +12,7 @@ composed :class:`~ray_dptune.accounting.account.Guarantee` of its
 and a dataset's total is the sum of the stored guarantees: one indexed upsert per
 record and one scan of float64 blobs per total, whatever the searches were.
 
-The file is a :class:`~ray_dptune.store.SQLiteStore` (schema version 2): several
+The file is a :class:`~ray_dptune.records.store.SQLiteStore` (schema version 2): several
 drivers on one machine may share it (WAL, short ``BEGIN IMMEDIATE`` writes); records
 commit with ``synchronous=FULL``. A locked, corrupt, foreign, 0-byte or older-schema
 file raises :class:`~ray_dptune.errors.PrivacyError` and is left byte-identical.
@@ -38,7 +38,7 @@ import numpy as np
 from ray_dptune.accounting.guarantee import Guarantee, compose_with_releases
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
-from ray_dptune.store import SQLiteStore, StoreError
+from ray_dptune.records.store import SQLiteStore, StoreError
 
 __all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger"]
 

@@ -1,8 +1,8 @@
 """What ``ray-dptune`` prints and draws: tables, JSON documents and the plan's plot.
 
-Pure formatting of numbers computed by :mod:`ray_dptune.planning` (``plan`` and ``calibrate``),
-:meth:`ray_dptune.ledger.PrivacyLedger.dataset_summary` and
-:func:`ray_dptune.journal.journal_summary`; matplotlib is imported only to draw.
+Pure formatting of numbers computed by :mod:`ray_dptune.cli.planning` (``plan`` and ``calibrate``),
+:meth:`ray_dptune.records.ledger.PrivacyLedger.dataset_summary` and
+:func:`ray_dptune.records.journal.journal_summary`; matplotlib is imported only to draw.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_dptune.planning import BaseMechanism, LawSpec, TrialSchedule, epsilon_curves
+from ray_dptune.cli.planning import BaseMechanism, LawSpec, TrialSchedule, epsilon_curves
 
 __all__ = [
     "PLOT_MAX_MEAN",
@@ -68,7 +68,7 @@ def format_plan(
     generic: bool,
     plot: Path | None,
 ) -> str:
-    """The ``plan`` table of :func:`~ray_dptune.planning.plan_rows`, with its header and notes."""
+    """The ``plan`` table of :func:`~ray_dptune.cli.planning.plan_rows`, with its header and notes."""
     bounds = "closed-form bounds and numeric P&S Lemma 7" if generic else "closed-form bounds"
     cells = [[title for title, _, _ in _COLUMNS]]
     cells += [[_cell(row[key], spec) for _, key, spec in _COLUMNS] for row in rows]
@@ -118,7 +118,7 @@ def plan_json(
 
 
 def format_calibration(result: dict[str, Any], *, schedule: TrialSchedule) -> str:
-    """The ``calibrate`` lines of :func:`~ray_dptune.planning.calibration` (its law given a ``name``)."""
+    """The ``calibrate`` lines of :func:`~ray_dptune.cli.planning.calibration` (its law given a ``name``)."""
     retries = result["retries"]
     plural = "y" if retries == 1 else "ies"
     rows = [
@@ -149,7 +149,7 @@ def format_calibration(result: dict[str, Any], *, schedule: TrialSchedule) -> st
 
 
 def format_ledger_table(path: Path, totals: dict[str, dict[str, Any]], *, delta: float) -> str:
-    """The ``ledger show`` table of :meth:`~ray_dptune.ledger.PrivacyLedger.dataset_summary`: a row per dataset."""
+    """The ``ledger show`` table of :meth:`~ray_dptune.records.ledger.PrivacyLedger.dataset_summary`: a row per dataset."""
     cells = [("dataset", "searches", "charged attempts", "release ε", "release δ", "ε total")]
     for name, total in totals.items():
         cells.append(
@@ -175,7 +175,7 @@ def format_ledger_table(path: Path, totals: dict[str, dict[str, Any]], *, delta:
 
 
 def format_journal(summary: dict[str, Any]) -> str:
-    """The ``journal`` lines of :func:`~ray_dptune.journal.journal_summary`."""
+    """The ``journal`` lines of :func:`~ray_dptune.records.journal.journal_summary`."""
     guarantee = summary["guarantee"]
     epsilon = "n/a (no plan recorded)" if guarantee["epsilon"] is None else f"{guarantee['epsilon']:.6g}"
     attempts = ", ".join(f"{count} {state}" for state, count in sorted(summary["attempts"].items())) or "none"

@@ -31,7 +31,7 @@ from ray_dptune.accounting.account import Mechanism, SearchAccount
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.mechanisms import DeltaProfile
 from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.distributions import (
+from ray_dptune.accounting.distributions import (
     Geometric,
     Logarithmic,
     PointMass,

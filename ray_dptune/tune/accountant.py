@@ -15,12 +15,12 @@ from ray_dptune.accounting.account import LIVE_STATES, SearchAccount
 from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.spend import TrialSpend, describe_excess, read_trial_reports, report_covers
-from ray_dptune.budget import SearchBudget
+from ray_dptune.accounting.budget import SearchBudget
 from ray_dptune.errors import BudgetExceededError, PrivacyError
-from ray_dptune.journal import SearchJournal, journal_location
-from ray_dptune.ledger import PrivacyLedger
-from ray_dptune.report import REPORT_FILE, PrivacyReport, searcher_report, write_search_report
-from ray_dptune.schedulers import (
+from ray_dptune.records.journal import SearchJournal, journal_location
+from ray_dptune.records.ledger import PrivacyLedger
+from ray_dptune.records.report import REPORT_FILE, PrivacyReport, searcher_report, write_search_report
+from ray_dptune.tune.guard import (
     DATA_INDEPENDENT_STOP_KEYS,
     check_scheduler,
     check_stop,
@@ -28,14 +28,10 @@ from ray_dptune.schedulers import (
     running_controller,
     stopped_by_rule,
 )
+from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of, refuse_truncation
 
-__all__ = ["EPSILON_KEY", "PLAN_KEY", "REPORT_FILE", "SPENT_KEY", "PrivacyAccountantCallback"]
-
-PLAN_KEY = "dp_plan"
-SPENT_KEY = "dp_spent"
-EPSILON_KEY = "dp_search_epsilon"
-"""Added to every accounted result: the whole search's ε so far (Tune's loggers, TensorBoard, MLflow, W&B see it)."""
+__all__ = ["PrivacyAccountantCallback"]
 
 
 class PrivacyAccountantCallback(Callback):
@@ -54,7 +50,7 @@ class PrivacyAccountantCallback(Callback):
     charges every attempt the killed driver left running or only suggested. A second
     search into the same experiment folder is refused.
 
-    **The budget is a hard cap** (:class:`~ray_dptune.budget.SearchBudget`): with
+    **The budget is a hard cap** (:class:`~ray_dptune.accounting.budget.SearchBudget`): with
     ``target_epsilon``, an event that may add cost (a suggestion, a start, a retry Tune
     grants, a searcher's selection) is admitted only while the guarantee after it stays
     within the target, before it is journaled. A retry that does not fit ends its trial in
@@ -84,7 +80,7 @@ class PrivacyAccountantCallback(Callback):
         report_path: where ``privacy_report.json`` goes (default: the experiment folder).
         journal_path: where the journal goes (default: the experiment folder, which must
             then be on a local or mounted filesystem).
-        ledger: a :class:`~ray_dptune.ledger.PrivacyLedger`: the search's worst-case
+        ledger: a :class:`~ray_dptune.records.ledger.PrivacyLedger`: the search's worst-case
             guarantee is kept there, and ``epsilon_dataset`` composes every search on ``dataset``
             (``target_epsilon`` then applies to it).
         dataset: identifier of the private data set, required with ``ledger``.

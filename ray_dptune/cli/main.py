@@ -3,16 +3,16 @@
 Subcommands:
 
 * ``plan``: before any run, the (ε, δ) of a whole private hyperparameter search for
-  one or more laws of K, beside plain composition (:mod:`ray_dptune.planning`).
+  one or more laws of K, beside plain composition (:mod:`ray_dptune.cli.planning`).
 * ``calibrate``: the other way round, the DP-SGD noise multiplier σ that meets a target
   (ε, δ) for the whole search, and what the search costs at it (the whole-search
   analogue of TF-Privacy's ``compute_dp_sgd_privacy``).
 * ``ledger show|export``: per-dataset totals of every search recorded in a privacy
-  ledger (:meth:`ray_dptune.ledger.PrivacyLedger.dataset_summary`).
+  ledger (:meth:`ray_dptune.records.ledger.PrivacyLedger.dataset_summary`).
 * ``journal PATH``: what a search's write-ahead journal proves it spent
-  (:func:`ray_dptune.journal.journal_summary`).
+  (:func:`ray_dptune.records.journal.journal_summary`).
 
-Printing lives in :mod:`ray_dptune.cli_format`. Ray is never imported, torch only by
+Printing lives in :mod:`ray_dptune.cli.format`. Ray is never imported, torch only by
 ``calibrate --dataset-size`` (for ``dp_trainable``'s sampling schedule).
 Examples: ``ray-dptune plan --gaussian 2.236 --delta 1e-6 --mean 10 100 --plot eps.png``;
 ``ray-dptune calibrate --epsilon 3 --delta 1e-5 --mean 8 --dataset-size 1437 --batch-size 64 --epochs 9``.
@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_dptune import cli_calibrate, cli_format
-from ray_dptune.cli_args import (
+from ray_dptune.cli import calibrate as cli_calibrate, format as cli_format
+from ray_dptune.cli.args import (
     DEFAULT_MEAN,
     LAW_CHOICES,
     PROG,
@@ -40,9 +40,9 @@ from ray_dptune.cli_args import (
     sample_rate,
 )
 from ray_dptune.errors import PrivacyError
-from ray_dptune.journal import journal_summary
-from ray_dptune.ledger import PrivacyLedger
-from ray_dptune.planning import DEFAULT_LAWS, BaseMechanism, plan_rows, unique_laws
+from ray_dptune.records.journal import journal_summary
+from ray_dptune.records.ledger import PrivacyLedger
+from ray_dptune.cli.planning import DEFAULT_LAWS, BaseMechanism, plan_rows, unique_laws
 
 __all__ = ["build_parser", "main"]
 

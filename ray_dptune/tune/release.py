@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray_dptune.errors import PrivacyError
-from ray_dptune.journal import JOURNAL_FILE
-from ray_dptune.report import REPORT_FILE, read_report, write_report
+from ray_dptune.records.journal import JOURNAL_FILE
+from ray_dptune.records.report import REPORT_FILE, read_report, write_report
 
 __all__ = ["ReleasedTrial", "release_best"]
 

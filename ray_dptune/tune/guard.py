@@ -10,7 +10,9 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from ray_dptune.accounting.spend import report_covers
 from ray_dptune.errors import PrivacyError
+from ray_dptune.result_keys import PLAN_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of
+from ray_dptune.tune.private_asha import PrivateASHAScheduler
 
 __all__ = [
     "DATA_INDEPENDENT_STOP_KEYS",
@@ -56,8 +58,6 @@ class PrivacyGuardScheduler(FIFOScheduler):
         self._searcher = None if searcher is None else private_searcher_of(searcher)
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
-        from ray_dptune.callbacks import PLAN_KEY, SPENT_KEY
-
         if self._searcher is not None and not self._searcher.accounts_trial(trial.config):
             return TrialScheduler.CONTINUE
         plan, spent = _nested(result, PLAN_KEY), _nested(result, SPENT_KEY)
@@ -86,8 +86,6 @@ def check_scheduler(scheduler: Any, searcher: Any = None) -> None:
     A :class:`~ray_dptune.PrivateASHAScheduler` runs only with its own searcher, and its
     searcher only with it; any other searcher takes FIFO (or its guard) alone.
     """
-    from ray_dptune.private_asha import PrivateASHAScheduler
-
     searcher = None if searcher is None else private_searcher_of(searcher)
     own = getattr(searcher, "scheduler", None)
     if isinstance(own, PrivateASHAScheduler) and scheduler is not own:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ray_dptune.accounting.account import Mechanism, SearchAccount
 from ray_dptune.errors import PrivacyError
-from ray_dptune.store import SQLiteStore
+from ray_dptune.records.store import SQLiteStore
 
 __all__ = ["JOURNAL_FILE", "SearchJournal", "journal_location", "journal_summary"]
 

@@ -12,10 +12,10 @@ from ray import tune
 from ray_dptune.accounting.account import SearchAccount
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
 from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.callbacks import PrivacyAccountantCallback
-from ray_dptune.distributions import RunCountDistribution
+from ray_dptune.tune.accountant import PrivacyAccountantCallback
+from ray_dptune.accounting.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
-from ray_dptune.schedulers import check_stop, private_tune_config
+from ray_dptune.tune.guard import check_stop, private_tune_config
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
@@ -82,7 +82,7 @@ def private_tuner(
         retries: attempts the budget reserves for re-runs over the whole search (each composed at the
             plan). Default: ``run_config.failure_config.max_failures`` (0 when unset); needed when
             that is -1 (unlimited).
-        ledger: a :class:`~ray_dptune.ledger.PrivacyLedger`; ``dataset`` names the data set.
+        ledger: a :class:`~ray_dptune.records.ledger.PrivacyLedger`; ``dataset`` names the data set.
             The report then also gives every search on it (``epsilon_dataset``).
         dataset: identifier of the private data set, with ``ledger``.
         verbose: print ε live.

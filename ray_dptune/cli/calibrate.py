@@ -3,7 +3,7 @@
 The whole-search analogue of TF-Privacy's ``compute_dp_sgd_privacy``: from the target,
 the law of the number of trials K and one trial's DP-SGD plan, print σ
 (:func:`~ray_dptune.accounting.calibrate.calibrate_noise_multiplier`) and what the search
-costs at it (:func:`ray_dptune.planning.calibration`; printing in :mod:`ray_dptune.cli_format`).
+costs at it (:func:`ray_dptune.cli.planning.calibration`; printing in :mod:`ray_dptune.cli.format`).
 
 Example: ``ray-dptune calibrate --epsilon 3 --delta 1e-5 --mean 8 --sample-rate 0.0445 --steps 198 --retries 1``.
 """
@@ -16,8 +16,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from ray_dptune import cli_format
-from ray_dptune.cli_args import (
+from ray_dptune.cli import format as cli_format
+from ray_dptune.cli.args import (
     DEFAULT_MEAN,
     LAW_CHOICES,
     PROG,
@@ -29,7 +29,7 @@ from ray_dptune.cli_args import (
     sample_rate,
 )
 from ray_dptune.errors import PrivacyError
-from ray_dptune.planning import LawSpec, TrialSchedule, calibration
+from ray_dptune.cli.planning import LawSpec, TrialSchedule, calibration
 
 __all__ = ["add_parser", "run"]
 

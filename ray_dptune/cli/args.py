@@ -11,7 +11,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from ray_dptune.planning import LawSpec
+from ray_dptune.cli.planning import LawSpec
 
 __all__ = [
     "DEFAULT_MEAN",

@@ -1,0 +1,23 @@
+"""The ``dp_*`` keys that trials, schedulers and the accountant share: one home for each.
+
+A trial's ``tune.report`` carries :data:`PLAN_KEY` and :data:`SPENT_KEY`; the accountant adds
+:data:`EPSILON_KEY` to every accounted result; a partitioned trial reads :data:`PARTITION_KEY`
+from its config. No Ray, no torch.
+"""
+
+__all__ = ["EPSILON_KEY", "PARTITION_KEY", "PLAN_KEY", "PRIVATE_KEY", "SPENT_KEY"]
+
+PLAN_KEY = "dp_plan"
+"""The most the trial will spend (a :class:`~ray_dptune.accounting.spend.TrialSpend` dict), fixed before training."""
+
+SPENT_KEY = "dp_spent"
+"""What the trial has spent so far; this report's score included."""
+
+PRIVATE_KEY = "dp_private"
+"""``False`` in the reports of a non-private partition trial (trained on public data), which carry no plan."""
+
+EPSILON_KEY = "dp_search_epsilon"
+"""Added to every accounted result: the whole search's ε so far (Tune's loggers, TensorBoard, MLflow, W&B see it)."""
+
+PARTITION_KEY = "dp_partition"
+"""Config key of a partition trial: ``{"index": i, "count": k}``, optionally with ``"private": False``."""
