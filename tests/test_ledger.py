@@ -1,5 +1,6 @@
 """PrivacyLedger: stored guarantees sum per dataset; concurrency; refused files stay byte-identical."""
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -84,7 +85,33 @@ def test_the_running_search_is_added_as_extra(tmp_path):
     with_release = ledger.dataset_epsilon("digits", delta=DELTA, exclude="running", extra=release(0.5, 1e-7))
     assert with_release == compose_with_releases(earlier.curve, release_epsilon=0.5, release_delta=1e-7, delta=DELTA)
     alone = compose_with_releases(running.curve, delta=DELTA)
-    assert ledger.dataset_epsilon("empty", delta=DELTA, extra=running) == alone
+    assert ledger.dataset_epsilon("empty", delta=DELTA, extra=running) == min(alone, running.epsilon)
+    tighter = dataclasses.replace(running, epsilon=0.8 * running.epsilon)  # e.g. private halving's tightening
+    assert ledger.dataset_epsilon("empty", delta=DELTA, extra=tighter) == tighter.epsilon  # alone: its own ε
+    assert ledger.dataset_epsilon("empty", delta=2 * DELTA, extra=tighter) == compose_with_releases(
+        running.curve, delta=2 * DELTA
+    )  # another δ: read from its curve
+    assert ledger.dataset_epsilon("digits", delta=DELTA, exclude="running", extra=tighter) == epsilon  # composed
+
+
+def test_the_ledger_shows_each_search_s_epsilon_as_its_account_computed_it(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.db")
+    account = SearchAccount(Mechanism.random_count(law=Poisson(3.0), num_trials=9), delta=DELTA, plan=PLAN.to_dict())
+    ledger.record_account("real", dataset="real", account=account, searcher="RandomCountSearcher", journal=None)
+    own = account.guarantee(if_stopped_now=True)
+    [row] = ledger.searches("real", delta=DELTA)
+    assert (row["summary"]["epsilon"], row["summary"]["delta"]) == (own.epsilon, DELTA)
+    assert row["epsilon"] == min(own.epsilon, compose_with_releases(own.curve, delta=DELTA))
+    curve_epsilon = compose_with_releases(random_count().curve, delta=DELTA)
+    record(ledger, "halving", random_count(), epsilon=0.5, delta=DELTA)
+    [row] = ledger.searches("digits", delta=DELTA)
+    assert row["epsilon"] == 0.5 < curve_epsilon  # not re-derived from its curve, which loses the tightening
+    assert ledger.dataset_summary("digits", delta=DELTA)["epsilon"] == 0.5  # one search: the total is its ε
+    record(ledger, "second", random_count())
+    summary = ledger.dataset_summary("digits", delta=DELTA)
+    assert summary["epsilon"] == ledger.dataset_epsilon("digits", delta=DELTA) > 0.5  # two: their curves compose
+    [first, _] = summary["searches"]
+    assert first["epsilon"] == 0.5 and ledger.searches("digits", delta=2 * DELTA)[0]["epsilon"] > 0.5
 
 
 def test_a_new_record_of_a_search_replaces_the_old_one(tmp_path):

@@ -109,6 +109,39 @@ class SearchJournal:
             account.apply(event)
         return account
 
+    def open_search(
+        self, search_id: str, *, record: Mapping[str, Any], pending: list[Mapping[str, Any]], account: SearchAccount
+    ) -> SearchAccount:
+        """Begins ``search_id`` here, or resumes it: the account to go on with.
+
+        A new file takes the search's record and the ``pending`` events (those before the
+        journal's folder was known); another search's file is refused. A file of this
+        search is replayed into a fresh account, which must declare the same mechanism as
+        ``account`` (K is never redrawn), and a ``restored`` event then charges every
+        attempt the previous driver left live at its full plan.
+
+        Raises:
+            PrivacyError: the file holds another search, or this one with another mechanism.
+        """
+        existing = self.search()
+        if existing is None or existing["search_id"] != search_id:
+            self.begin(search_id, record, pending)  # refuses another search's file
+            return account
+        resumed = self.account(generic=account.generic)
+        recorded, declared = resumed.mechanism.to_dict(), account.mechanism.to_dict()
+        if "upper" not in recorded["params"]:  # journaled before C was recorded: its worst case C = C/c stays
+            declared["params"].pop("upper", None)
+        if recorded != declared:
+            raise PrivacyError(
+                f"The restored searcher declares {declared} but the journal recorded "
+                f"{recorded} (K = {resumed.mechanism.cover_cap}): K is never redrawn."
+            )
+        events = [{"type": "restored"}, *pending]
+        self.append(events)
+        for event in events:
+            resumed.apply(event)
+        return resumed
+
     def close(self) -> None:
         self._store.close()
 

@@ -6,11 +6,13 @@ Prop. 1) and their approximate-DP releases add in ε and δ (basic composition, 
 Roth 2014, Thm 3.16); :func:`~ray_dptune.accounting.guarantee.compose_with_releases`
 joins the two parts at a δ.
 
-The ledger computes no guarantee of its own. Each search's driver upserts the
-composed :class:`~ray_dptune.accounting.account.Guarantee` of its
-:class:`~ray_dptune.accounting.account.SearchAccount` (:meth:`PrivacyLedger.record_search`),
-and a dataset's total is the sum of the stored guarantees: one indexed upsert per
-record and one scan of float64 blobs per total, whatever the searches were.
+Each search's driver upserts the composed
+:class:`~ray_dptune.accounting.guarantee.Guarantee` of its
+:class:`~ray_dptune.accounting.account.SearchAccount` (:class:`LedgerEntry`), with the ε
+its account computed at its δ. A dataset's total composes the stored guarantees: one
+indexed upsert per record and one scan of float64 blobs per total, whatever the searches
+were. A search read alone at its own δ shows its account's ε (which may be tighter than
+its curve's, e.g. private halving's); composed with others, its curve is what adds.
 
 The file is a :class:`~ray_dptune.records.store.SQLiteStore` (schema version 2): several
 drivers on one machine may share it (WAL, short ``BEGIN IMMEDIATE`` writes); records
@@ -40,7 +42,7 @@ from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.store import SQLiteStore, StoreError
 
-__all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger"]
+__all__ = ["LEDGER_SCHEMA_VERSION", "LedgerEntry", "PrivacyLedger"]
 
 LEDGER_SCHEMA_VERSION = 2
 _MAX_CACHED = 64  # cached (dataset, exclude) totals per connection
@@ -140,6 +142,8 @@ class PrivacyLedger:
         """Records a search's account as it stands: its worst case (every live attempt charged) and a summary."""
         guarantee = account.guarantee(if_stopped_now=True)
         summary = {
+            "epsilon": guarantee.epsilon,
+            "delta": guarantee.delta,
             "searcher": searcher,
             "mechanism": account.mechanism.to_dict(),
             "plan": account.plan,
@@ -199,11 +203,20 @@ class PrivacyLedger:
             PrivacyError: as :meth:`dataset_total`, or the releases need δ >= ``delta``.
         """
         curve, release_epsilon, release_delta = self.dataset_total(dataset, exclude=exclude)
-        if extra is not None:
-            curve = _add(curve, extra.curve)
-            release_epsilon += extra.release_epsilon
-            release_delta += extra.release_delta
-        return compose_with_releases(curve, release_epsilon=release_epsilon, release_delta=release_delta, delta=delta)
+        if extra is None:
+            return compose_with_releases(
+                curve, release_epsilon=release_epsilon, release_delta=release_delta, delta=delta
+            )
+        composed = compose_with_releases(
+            _add(curve, extra.curve),
+            release_epsilon=release_epsilon + extra.release_epsilon,
+            release_delta=release_delta + extra.release_delta,
+            delta=delta,
+        )
+        alone = curve is None and release_epsilon == 0 and release_delta == 0
+        if alone and extra.delta == delta and extra.epsilon is not None:
+            return min(composed, extra.epsilon)  # nothing else on the dataset: the search's own account's ε holds
+        return composed
 
     def searches(
         self, dataset: str | None = None, *, delta: float | None = None, curves: bool = False
@@ -241,6 +254,8 @@ class PrivacyLedger:
             raise
         except PrivacyError as error:
             note = str(error)
+        if epsilon is not None and len(searches) == 1 and searches[0]["epsilon"] is not None:
+            epsilon = min(epsilon, searches[0]["epsilon"])  # one search: its own account's ε is the total
         if epsilon is None and note is None:
             note = f"the searches' curves give no finite ε at δ = {delta:g}."
         return {
@@ -264,6 +279,45 @@ class PrivacyLedger:
         own commits leave ``PRAGMA data_version`` unchanged)."""
         for key in [key for key in self._totals if key[0] == dataset and key[1] != search_id]:
             del self._totals[key]
+
+
+class LedgerEntry:
+    """One running search's entry in a ledger, kept at its worst case (every live attempt charged).
+
+    Args:
+        ledger: the ledger.
+        search_id: the search.
+        dataset: the private data set it runs on.
+        searcher: the searcher's name, for people reading the ledger.
+    """
+
+    def __init__(self, ledger: PrivacyLedger, *, search_id: str, dataset: str, searcher: str):
+        self.ledger, self.search_id, self.dataset, self._searcher = ledger, search_id, dataset, searcher
+        self._recorded: tuple | None = None  # what the last record charged
+
+    def check_dataset(self) -> None:
+        """Raises PrivacyError if the search was recorded on another dataset (a restore on the wrong data)."""
+        recorded_on = self.ledger.dataset_of(self.search_id)
+        if recorded_on not in (None, self.dataset):
+            raise PrivacyError(
+                f"This search was recorded in the ledger on dataset {recorded_on!r}, not {self.dataset!r}: "
+                "restore it with the dataset it started on."
+            )
+
+    def update(self, account: Any, *, journal: str | None, force: bool = False) -> None:
+        """Records ``account`` (a :class:`~ray_dptune.accounting.account.SearchAccount`) when its charge changed."""
+        charge = (account.charged_attempts(if_stopped_now=True), account.selections, len(account.releases))
+        if charge != self._recorded or force:
+            self.ledger.record_account(
+                self.search_id, dataset=self.dataset, account=account, searcher=self._searcher, journal=journal
+            )
+            self._recorded = charge
+
+    def dataset_epsilon(self, guarantee: Guarantee, *, delta: float) -> float | None:
+        """ε at ``delta`` of every search on the dataset, this one as ``guarantee`` says; None without an ε."""
+        if guarantee.epsilon is None:
+            return None
+        return self.ledger.dataset_epsilon(self.dataset, delta=delta, exclude=self.search_id, extra=guarantee)
 
 
 # ---------------------------------------------------------------------- rows
@@ -370,12 +424,17 @@ def _search_record(row: Mapping[str, Any], *, delta: float | None, curves: bool)
 
 
 def _own_epsilon(row: Mapping[str, Any], curve: RDPCurve | None, delta: float) -> float | None:
-    """One search's ε at ``delta``; None when it has no bound there."""
+    """One search's ε at ``delta``: its account's own at its δ, else read from its stored curve and releases;
+    None when it has no bound there."""
     if _is_unbounded(row) or row["release_delta"] >= delta:
         return None
-    return compose_with_releases(
+    derived = compose_with_releases(
         curve, release_epsilon=row["release_epsilon"], release_delta=row["release_delta"], delta=delta
     )
+    summary = json.loads(row["summary"])
+    if summary.get("delta") == delta and summary.get("epsilon") is not None:
+        return min(derived, summary["epsilon"])  # two valid bounds: the account's may hold a tightening the curve lacks
+    return derived
 
 
 def _finite_or_none(value: float | None) -> float | None:

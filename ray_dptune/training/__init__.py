@@ -21,7 +21,7 @@ from ray_dptune.training.partition import Partition
 from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, sampling_schedule, space_plan, trial_plan
 from ray_dptune.training.quantile import QuantileClipDPOptimizer
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, Hyperparameters, OptimizerName, TrainSpec
-from ray_dptune.training.state import PrivacyLedger, TrainState
+from ray_dptune.training.state import SpendGuard, TrainState
 from ray_dptune.training.trainable import DPTrainable, dp_trainable
 
 __all__ = [
@@ -36,10 +36,10 @@ __all__ = [
     "OpacusSpend",
     "OptimizerName",
     "Partition",
-    "PrivacyLedger",
     "PrivacyParams",
     "QuantileClipDPOptimizer",
     "Report",
+    "SpendGuard",
     "TrainSpec",
     "TrainState",
     "digits_cnn",

@@ -9,7 +9,7 @@ goes through an injected ``report(metrics, checkpoint_dir)``, so that the loop r
 in tests without Ray; :class:`ray_dptune.training.trainable.DPTrainable` passes
 ``ray.tune.report``.
 
-A :class:`~ray_dptune.training.state.PrivacyLedger`, attached with
+A :class:`~ray_dptune.training.state.SpendGuard`, attached with
 ``DPOptimizer.attach_step_hook``, counts every noisy step and refuses
 (``PrivacyError``) the step that would exceed the plan before the parameters change.
 """
@@ -45,7 +45,7 @@ from ray_dptune.result_keys import PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_K
 from ray_dptune.training.partition import Partition
 from ray_dptune.training.plan import PrivacyParams, sampling_schedule, trial_plan
 from ray_dptune.training.spec import Hyperparameters, LossFn, TrainSpec
-from ray_dptune.training.state import PrivacyLedger, TrainState
+from ray_dptune.training.state import SpendGuard, TrainState
 
 __all__ = ["Report", "train", "train_step"]
 
@@ -162,12 +162,12 @@ def train(
     plan = trial_plan(params, len(train_set)) if private else None
     if resume is not None and resume.plan != plan:
         raise PrivacyError(f"The checkpoint's plan {resume.plan} differs from this trial's plan {plan}.")
-    ledger = PrivacyLedger(plan, resume.spent if resume else None) if private else None
+    guard = SpendGuard(plan, resume.spent if resume else None) if private else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     randomness = _Randomness(spec.seed, device)
     if private:
         run = _prepare_run(config, spec, params, hyper, train_set, resume, randomness, device, clipping=clipping)
-        run.optimizer.attach_step_hook(ledger.step_hook)  # replaces the PrivacyEngine accountant's hook
+        run.optimizer.attach_step_hook(guard.step_hook)  # replaces the PrivacyEngine accountant's hook
     else:
         run = _prepare_plain_run(config, spec, params, hyper, train_set, resume, randomness, device)
     if resume is not None and resume.epoch >= params.epochs:
@@ -178,18 +178,18 @@ def train(
         randomness.start_epoch(epoch)
         _train_epoch(run, device)
         correct = _count_correct(run.module, val_set, device)
-        score = _release_score(correct, len(val_set), params.score_noise_multiplier, ledger, randomness)
+        score = _release_score(correct, len(val_set), params.score_noise_multiplier, guard, randomness)
         state = TrainState(
             epoch + 1,
             score,
             plan,
-            ledger.spent if private else None,
+            guard.spent if private else None,
             run.module.state_dict(),
             run.inner_optimizer.state_dict(),
             clipping_state(clipping, run.optimizer) if private else None,
         )
         _report_state(report, spec.metric, state)
-    return ledger.spent if private else None
+    return guard.spent if private else None
 
 
 def _settings(
@@ -394,13 +394,13 @@ def _release_score(
     correct: int,
     total: int,
     score_noise_multiplier: float | None,
-    ledger: PrivacyLedger | None,
+    guard: SpendGuard | None,
     randomness: _Randomness,
 ) -> float:
     """Accuracy; with a score σ, (correct + N(0, σ²)) / total, the Gaussian mechanism on a count."""
     if score_noise_multiplier is None:
         return correct / total
-    ledger.release_score()
+    guard.release_score()
     return (correct + randomness.gaussian(score_noise_multiplier)) / total
 
 

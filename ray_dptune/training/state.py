@@ -1,4 +1,4 @@
-"""A trial's checkpoint (:class:`TrainState`) and its running privacy account (:class:`PrivacyLedger`)."""
+"""A trial's checkpoint (:class:`TrainState`) and its running privacy account (:class:`SpendGuard`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from opacus.optimizers import DPOptimizer
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
 
-__all__ = ["PrivacyLedger", "TrainState"]
+__all__ = ["SpendGuard", "TrainState"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class TrainState:
         )
 
 
-class PrivacyLedger:
+class SpendGuard:
     """What a trial has spent, kept within its plan.
 
     :meth:`step_hook` goes to ``DPOptimizer.attach_step_hook`` (as Opacus's accountants'

@@ -18,7 +18,7 @@ from ray_dptune.accounting.spend import TrialSpend, describe_excess, read_trial_
 from ray_dptune.accounting.budget import SearchBudget
 from ray_dptune.errors import BudgetExceededError, PrivacyError
 from ray_dptune.records.journal import SearchJournal, journal_location
-from ray_dptune.records.ledger import PrivacyLedger
+from ray_dptune.records.ledger import LedgerEntry, PrivacyLedger
 from ray_dptune.records.report import REPORT_FILE, PrivacyReport, searcher_report, write_search_report
 from ray_dptune.tune.guard import (
     DATA_INDEPENDENT_STOP_KEYS,
@@ -129,8 +129,12 @@ class PrivacyAccountantCallback(Callback):
         self._journal_path = journal_path
         self._journal: SearchJournal | None = None
         self._pending: list[dict[str, Any]] = []  # events before the journal's folder is known
-        self._ledger, self._dataset = ledger, dataset
-        self._ledger_charge: tuple | None = None
+        self._dataset = dataset
+        self._ledger = None
+        if ledger is not None:
+            self._ledger = LedgerEntry(
+                ledger, search_id=self._search_id, dataset=dataset, searcher=type(searcher).__name__
+            )
         self._verbose = verbose
         self._restored = False
         self._violation: PrivacyError | None = None
@@ -149,7 +153,8 @@ class PrivacyAccountantCallback(Callback):
         guarantee = self._account.guarantee(if_stopped_now=if_stopped_now)
         mechanism = self._account.mechanism
         described = dict(mechanism.params["description"]) if mechanism.kind == "release" else {}
-        return {**described, **guarantee.to_dict(), "epsilon_dataset": self._dataset_epsilon(guarantee)}
+        dataset_epsilon = None if self._ledger is None else self._ledger.dataset_epsilon(guarantee, delta=self._account.delta)
+        return {**described, **guarantee.to_dict(), "epsilon_dataset": dataset_epsilon}
 
     @property
     def account(self) -> SearchAccount:
@@ -184,12 +189,7 @@ class PrivacyAccountantCallback(Callback):
         if self._journal_path is not None and (self._restored or os.path.exists(self._journal_path)):
             self._open_journal(self._journal_path)
         if self._ledger is not None:
-            recorded_on = self._ledger.dataset_of(self._search_id)
-            if recorded_on not in (None, self._dataset):
-                raise PrivacyError(
-                    f"This search was recorded in the ledger on dataset {recorded_on!r}, not {self._dataset!r}: "
-                    "restore it with the dataset it started on."
-                )
+            self._ledger.check_dataset()
             self._update_ledger(force=True)
         self._budget.check()
         if self._restored:
@@ -295,6 +295,8 @@ class PrivacyAccountantCallback(Callback):
     def set_state(self, state: dict[str, Any]) -> None:
         self._restored = True
         self._search_id = state["search_id"]
+        if self._ledger is not None:
+            self._ledger.search_id = self._search_id
         self._journal_path = self._journal_path or state.get("journal")
 
     # ------------------------------------------------------------------ report
@@ -311,7 +313,7 @@ class PrivacyAccountantCallback(Callback):
             guarantee=self.guarantee(if_stopped_now=True),
             configs=self._configs,
             dataset=self._dataset,
-            ledger=None if self._ledger is None else {"path": self._ledger.path, "search": self._search_id},
+            ledger=None if self._ledger is None else {"path": self._ledger.ledger.path, "search": self._search_id},
             journal=None if self._journal is None else self._journal.path,
             target=target,
             complete=complete,
@@ -335,25 +337,9 @@ class PrivacyAccountantCallback(Callback):
     def _open_journal(self, path: str) -> None:
         """Starts the journal, or (after a restore) rebuilds the account from it and charges the interrupted."""
         journal = SearchJournal(path)
-        existing = journal.search()
-        if existing is None or existing["search_id"] != self._search_id:
-            journal.begin(self._search_id, self._search_record(), self._pending)  # refuses another search's file
-        else:
-            account = journal.account(generic=self._account.generic)
-            recorded_k = account.mechanism.cover_cap
-            recorded, declared = account.mechanism.to_dict(), self._account.mechanism.to_dict()
-            if "upper" not in recorded["params"]:  # journaled before C was recorded: its worst case C = C/c stays
-                declared["params"].pop("upper", None)
-            if recorded != declared:
-                raise PrivacyError(
-                    f"The restored searcher declares {declared} but the journal recorded "
-                    f"{recorded} (K = {recorded_k}): K is never redrawn."
-                )
-            events = [{"type": "restored"}, *self._pending]
-            journal.append(events)
-            for event in events:
-                account.apply(event)
-            self._account = account
+        self._account = journal.open_search(
+            self._search_id, record=self._search_record(), pending=self._pending, account=self._account
+        )
         self._pending = []
         self._journal = journal
 
@@ -369,28 +355,12 @@ class PrivacyAccountantCallback(Callback):
 
     # ------------------------------------------------------------------ ledger and target
     def _update_ledger(self, *, force: bool = False) -> None:
-        """Keeps the ledger at the worst case (every live attempt charged), written when it changes."""
-        if self._ledger is None:
-            return
-        account = self._account
-        charge = (account.charged_attempts(if_stopped_now=True), account.selections, len(account.releases))
-        if charge != self._ledger_charge or force:
-            journal = None if self._journal is None else self._journal.path
-            searcher = type(self._searcher).__name__
-            self._ledger.record_account(self._search_id, dataset=self._dataset, account=account, searcher=searcher,
-                                        journal=journal)
-            self._ledger_charge = charge
+        if self._ledger is not None:
+            self._ledger.update(self._account, journal=None if self._journal is None else self._journal.path, force=force)
 
     def _total_epsilon(self, guarantee: Guarantee) -> float | None:
         """The ε the budget applies to: the dataset's total with a ledger, else the search's."""
-        return guarantee.epsilon if self._ledger is None else self._dataset_epsilon(guarantee)
-
-    def _dataset_epsilon(self, guarantee: Guarantee) -> float | None:
-        if self._ledger is None or guarantee.epsilon is None:
-            return None
-        return self._ledger.dataset_epsilon(
-            self._dataset, delta=self._account.delta, exclude=self._search_id, extra=guarantee
-        )
+        return guarantee.epsilon if self._ledger is None else self._ledger.dataset_epsilon(guarantee, delta=self._account.delta)
 
     # ------------------------------------------------------------------ helpers
     def _log_progress(self) -> None:
