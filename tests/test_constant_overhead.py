@@ -517,7 +517,7 @@ def fake_constant_overhead_trainable(config):
 def test_end_to_end_in_tune(tmp_path):
     """Under private_tune_config's guard, screening trials (no plan) run to their last report."""
     from ray_dptune import private_tune_config, release_best
-    from ray_dptune.tune.accountant import REPORT_FILE
+    from ray_dptune.records.report import REPORT_FILE
 
     delta = 1e-5
     searcher = ConstantOverheadSearcher(

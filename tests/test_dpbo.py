@@ -21,7 +21,7 @@ from scipy import special, stats
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, UnsupportedBoundError, private_tune_config
 from ray_dptune.accounting import information_gain as ig
 from ray_dptune.accounting import validation_release as vr
-from ray_dptune.tune.accountant import REPORT_FILE
+from ray_dptune.records.report import REPORT_FILE
 from ray_dptune.search.dpbo import DPBOSearcher, build_candidate_set, draw_index, gp_posterior
 
 SPACE = {"C": tune.grid_search([0.1, 1.0, 10.0]), "gamma": tune.grid_search([1e-3, 1e-2])}  # |Λ| = 6
@@ -265,6 +265,16 @@ def test_release_only_the_config_or_only_the_score():
     score_only = make(T=2, release="score")
     drive(score_only)
     assert score_only.privacy_details()["release"]["config"] is None
+
+
+def test_dp_bo_is_charged_once_per_release():
+    searcher = make(T=2)
+    accountant = PrivacyAccountantCallback(searcher, delta=0.1, verbose=False)
+    assert accountant.guarantee()["epsilon"] == 2 * EPS  # charged from the start: both parts, basic composition
+    drive(searcher)
+    assert len(accountant.account.releases) == 1
+    assert accountant.guarantee()["epsilon"] == searcher.release_guarantee()["epsilon"] == 2 * EPS  # not 4 ε
+    assert accountant.guarantee()["delta"] == 2 * DELTA
 
 
 def test_release_draws_lambda_from_the_exponential_mechanism():

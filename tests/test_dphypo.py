@@ -27,7 +27,7 @@ from ray_dptune import (
     private_tune_config,
     repeat_and_select,
 )
-from ray_dptune.tune.accountant import REPORT_FILE
+from ray_dptune.records.report import REPORT_FILE
 from ray_dptune.search import density
 from ray_dptune.search.candidates import build_cells
 from ray_dptune.search.dphypo import BoundedDensitySampler, DPHyPOSearcher

@@ -23,7 +23,7 @@ from ray_dptune import (
     release_best,
     repeat_and_select,
 )
-from ray_dptune.tune.accountant import REPORT_FILE
+from ray_dptune.records.report import REPORT_FILE
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
