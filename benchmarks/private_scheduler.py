@@ -11,7 +11,7 @@ plan (``trial_plan``: q = 64/1437, 22 steps an epoch, 198 steps). Methods:
 * ``dphypo``: ``DPHyPOSearcher`` with the same law and its defaults (C = 1.5, c = 0.75, β = 3);
 * ``asha_8`` / ``asha_4``: ``PrivateASHAScheduler(max_t=9, grace_period=1, reduction_factor=3,
   budget_trials=8 / 4)``, one bracket: milestones 1, 3, 9 epochs; a budget of 72 / 36 epochs,
-  i.e. the random counts' expected compute and half of it. Its bound (``Mechanism.halving``)
+  i.e. the random counts' expected compute and half of it. Its bound (``SearchMechanism.halving``)
   composes the whole budget: one DP-SGD run of its steps (1 584 / 792);
 * ``brackets_4x2`` / ``brackets_2x2``: the same scheduler with ``budget_trials=2`` (18 epochs a
   bracket) and ``repetitions=Poisson(4)`` / ``TruncatedNegativeBinomial.from_mean(0.5, 2)``: K
@@ -177,9 +177,10 @@ def search_epsilon(method: str, sigma: float) -> float:
 
 def one_trial_epsilon(sigma: float) -> float:
     """ε at δ of one whole trial (the same exact-profile accountant: a halving budget of one trial)."""
-    from ray_dptune.accounting.account import Mechanism, SearchAccount
+    from ray_dptune.accounting.account import SearchAccount
+    from ray_dptune.accounting.search_mechanism import SearchMechanism
 
-    one = Mechanism.halving(budget_units=MAX_T, max_t=MAX_T)
+    one = SearchMechanism.halving(budget_units=MAX_T, max_t=MAX_T)
     return SearchAccount(one, delta=DELTA, plan=trial_plan_for(sigma).to_dict()).guarantee().epsilon
 
 

@@ -45,7 +45,9 @@ from typing import Any
 import numpy as np
 
 from ray_dptune import Poisson, TrialSpend
-from ray_dptune.accounting.account import Guarantee, Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.guarantee import Guarantee
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.records.ledger import PrivacyLedger
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -83,13 +85,13 @@ def search_guarantees() -> list[Guarantee]:
     guarantees = []
     for failed in (0, 1, 3):
         account = SearchAccount(
-            Mechanism.random_count(law=Poisson(10.0), num_trials=30), delta=DELTA, plan=PLAN.to_dict()
+            SearchMechanism.random_count(law=Poisson(10.0), num_trials=30), delta=DELTA, plan=PLAN.to_dict()
         )
         for index in range(failed):
             account.apply({"type": "started", "trial_id": f"t{index}", "accounted": True})
             account.apply({"type": "failed", "trial_id": f"t{index}"})
         guarantees.append(account.guarantee(if_stopped_now=True))
-    release = SearchAccount(Mechanism.release(epsilon=1.0, delta=1e-9), delta=DELTA).guarantee()
+    release = SearchAccount(SearchMechanism.release(epsilon=1.0, delta=1e-9), delta=DELTA).guarantee()
     return [*guarantees, release]
 
 

@@ -28,7 +28,8 @@ from ray_dptune import (
     private_tune_config,
     release_best,
 )
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 
 from kill_driver import side_log  # noqa: E402 - tests/ is on the workers' path (conftest)
 
@@ -114,7 +115,7 @@ def starts(side) -> list[str]:
 
 def epsilon_with(charged: int, *, k: int, sigma: float) -> float:
     """The account's ε of a PointMass(k) search with ``charged`` attempts composed on top (the truth to compare)."""
-    account = SearchAccount(Mechanism.random_count(law=PointMass(k), num_trials=k), delta=DELTA,
+    account = SearchAccount(SearchMechanism.random_count(law=PointMass(k), num_trials=k), delta=DELTA,
                             plan=plan_for(sigma).to_dict())
     return account.guarantee(extra_charges=charged).epsilon
 

@@ -5,7 +5,7 @@ import pytest
 
 from ray_dptune import PointMass, Poisson, PrivacyError, TrialSpend, TruncatedNegativeBinomial
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.accounting.account import Mechanism
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.mechanisms import subsampled_gaussian_profile
 from ray_dptune.accounting.spend import covering_curve, curve_from_report, report_covers
@@ -77,7 +77,7 @@ def test_calibration_meets_the_target_on_the_safe_side(law):
 
 def test_calibration_with_a_mechanism_equals_the_law_it_declares():
     law, plan_for = TruncatedNegativeBinomial.from_mean(1.0, 8.0), dpsgd(0.02, 200)
-    mechanism = Mechanism.random_count(law=law, num_trials=5, density_ratio=2.0)
+    mechanism = SearchMechanism.random_count(law=law, num_trials=5, density_ratio=2.0)
     by_mechanism = calibrate_noise_multiplier(plan_for, epsilon=4.0, delta=1e-6, mechanism=mechanism)
     by_law = calibrate_noise_multiplier(plan_for, epsilon=4.0, delta=1e-6, law=law, density_ratio=2.0)
     assert by_mechanism == by_law

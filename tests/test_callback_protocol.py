@@ -7,7 +7,7 @@ import pytest
 
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, TrialSpend
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.accounting.account import Mechanism
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.records.ledger import PrivacyLedger
 from ray_dptune.search.base import PrivateSearcher
 
@@ -29,7 +29,7 @@ class _ScreenThenTrain(PrivateSearcher):
         return config.get("final", False)
 
     def privacy_mechanism(self):
-        return Mechanism.constant_overhead(epsilon_round=0.1, max_rounds=5)
+        return SearchMechanism.constant_overhead(epsilon_round=0.1, max_rounds=5)
 
     def privacy_details(self):
         return {"released_trial_id": "final", "rounds": 5}
@@ -47,7 +47,7 @@ class _SelfReleasing(PrivateSearcher):
         return False
 
     def privacy_mechanism(self):
-        return Mechanism.release(epsilon=2.0, delta=self._delta, description={"assumption": "test"})
+        return SearchMechanism.release(epsilon=2.0, delta=self._delta, description={"assumption": "test"})
 
 
 def _trial(trial_id, **config):

@@ -14,7 +14,8 @@ import pytest
 
 from ray_dptune import TrialSpend
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
 from ray_dptune.cli.main import main
 from ray_dptune.accounting.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
@@ -220,7 +221,7 @@ def digits_plan(sigma: float) -> TrialSpend:
 
 
 def search_account(sigma: float, law: object) -> SearchAccount:
-    mechanism = Mechanism.random_count(law=law, num_trials=1)
+    mechanism = SearchMechanism.random_count(law=law, num_trials=1)
     return SearchAccount(mechanism, delta=1e-5, plan=digits_plan(sigma).to_dict())
 
 

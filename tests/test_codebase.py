@@ -1,5 +1,5 @@
-"""The codebase's own rules, checked on its source: small modules, no private name used across
-modules, keyword-only privacy arguments."""
+"""The codebase's own rules, checked on its source: no import circle, no private name used across
+modules, keyword-only privacy arguments, and a size smell."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import ray_dptune
 
 PACKAGE = Path(ray_dptune.__file__).parent
 MODULES = sorted(PACKAGE.rglob("*.py"))
-MAX_LINES = 420
-"""A module of one job fits in about 400 lines."""
+MAX_LINES = 600
+"""A smell, not the rule: modules are split by job, and a module of one job rarely needs more."""
 PRIVACY_ARGUMENTS = {
     "delta",
     "density_ratio",
@@ -39,7 +39,68 @@ def _tree(path: Path) -> ast.Module:
 @pytest.mark.parametrize("path", MODULES, ids=_name)
 def test_module_fits_one_job(path):
     lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{_name(path)} has {lines} lines; split it by job (≤ ~400)."
+    assert lines <= MAX_LINES, f"{_name(path)} has {lines} lines: does it do more than one job?"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(tree: ast.Module, modules: set[str]) -> set[str]:
+    """The package's modules a module imports, at its top or inside a function (a late import is still an edge)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in modules else node.module)
+    return found & modules
+
+
+def _import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in graph:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_no_import_circle():
+    names = {path: _module_name(path) for path in MODULES}
+    graph = {}
+    for path, name in names.items():
+        # a package's own parents are imported before it: no edge back to them
+        imports = _imports(_tree(path), set(names.values()))
+        graph[name] = {module for module in imports if module != name and not name.startswith(module + ".")}
+    assert _import_cycles(graph) == []
 
 
 def _private_uses(tree: ast.Module) -> list[str]:
@@ -106,3 +167,8 @@ def test_the_rules_catch_what_they_forbid():
     )
     assert _private_uses(source) == ["from ray_dptune.search.candidates import _axes", "candidates._combos"]
     assert _positional_privacy_arguments(source) == ["calibrate(epsilon)", "Curve.epsilon(delta)"]
+    circle = {"ray_dptune.a": {"ray_dptune.b"}, "ray_dptune.b": {"ray_dptune.a"}, "ray_dptune.c": {"ray_dptune.a"}}
+    assert _import_cycles(circle) == [["ray_dptune.a", "ray_dptune.b"]]
+    late = ast.parse("import ray\nfrom ray_dptune.records import ledger\ndef f():\n    from ray_dptune.tune import guard\n")
+    modules = {"ray_dptune.records", "ray_dptune.records.ledger", "ray_dptune.tune.guard", "ray_dptune.tune"}
+    assert _imports(late, modules) == {"ray_dptune.records.ledger", "ray_dptune.tune.guard"}

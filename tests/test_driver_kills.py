@@ -18,7 +18,9 @@ import sys
 
 import pytest
 
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -236,7 +238,7 @@ def test_a_new_search_into_a_used_folder_is_refused_and_the_first_report_kept(tm
 
 
 def test_replaying_a_journal_after_a_restore_charges_every_live_attempt():
-    account = SearchAccount(Mechanism.random_count(law=_point_mass(2), num_trials=2), delta=DELTA, plan=PLAN.to_dict())
+    account = SearchAccount(SearchMechanism.random_count(law=_point_mass(2), num_trials=2), delta=DELTA, plan=PLAN.to_dict())
     for event in (
         {"type": "suggested", "trial_id": "a", "accounted": True},
         {"type": "started", "trial_id": "a", "accounted": True},

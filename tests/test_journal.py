@@ -9,14 +9,15 @@ import sqlite3
 import pytest
 
 from ray_dptune import PointMass, TrialSpend
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.cli.main import main as cli
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal, journal_summary
 
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 DELTA = 1e-5
-MECHANISM = Mechanism.random_count(law=PointMass(2), num_trials=2)
+MECHANISM = SearchMechanism.random_count(law=PointMass(2), num_trials=2)
 RECORD = {"mechanism": MECHANISM.to_dict(), "delta": DELTA, "plan": PLAN.to_dict(), "searcher": "RandomCountSearcher"}
 EVENTS = [
     {"type": "suggested", "trial_id": "a", "accounted": True},

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from ray_dptune import PointMass, Poisson, PrivacyError, RDPCurve, TrialSpend
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.guarantee import compose_with_releases
 from ray_dptune.cli.main import main
 from ray_dptune.records.ledger import PrivacyLedger
@@ -35,7 +36,7 @@ def random_count(law=PointMass(2), plan=PLAN, failed=0):
 
 @functools.cache
 def _random_count(law, plan, failed):
-    account = SearchAccount(Mechanism.random_count(law=law, num_trials=2), delta=DELTA, plan=json.loads(plan))
+    account = SearchAccount(SearchMechanism.random_count(law=law, num_trials=2), delta=DELTA, plan=json.loads(plan))
     for index in range(failed):
         account.apply({"type": "started", "trial_id": f"t{index}", "accounted": True})
         account.apply({"type": "failed", "trial_id": f"t{index}", "retry": True})  # Tune retries it: charged
@@ -44,7 +45,7 @@ def _random_count(law, plan, failed):
 
 def release(epsilon=1.0, delta=1e-6):
     """A DP-BO-like searcher's own (ε, δ) release."""
-    return SearchAccount(Mechanism.release(epsilon=epsilon, delta=delta), delta=DELTA).guarantee()
+    return SearchAccount(SearchMechanism.release(epsilon=epsilon, delta=delta), delta=DELTA).guarantee()
 
 
 def record(ledger, search_id, guarantee, dataset="digits", **summary):
@@ -96,7 +97,7 @@ def test_the_running_search_is_added_as_extra(tmp_path):
 
 def test_the_ledger_shows_each_search_s_epsilon_as_its_account_computed_it(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.db")
-    account = SearchAccount(Mechanism.random_count(law=Poisson(3.0), num_trials=9), delta=DELTA, plan=PLAN.to_dict())
+    account = SearchAccount(SearchMechanism.random_count(law=Poisson(3.0), num_trials=9), delta=DELTA, plan=PLAN.to_dict())
     ledger.record_account("real", dataset="real", account=account, searcher="RandomCountSearcher", journal=None)
     own = account.guarantee(if_stopped_now=True)
     [row] = ledger.searches("real", delta=DELTA)
@@ -162,7 +163,7 @@ def test_many_searches_sum_like_sequential_composition(tmp_path):
 
 def test_a_search_without_a_plan_counts_once_it_has_one(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.db")
-    account = SearchAccount(Mechanism.composition(), delta=DELTA)
+    account = SearchAccount(SearchMechanism.composition(), delta=DELTA)
     ledger.record_search("s", dataset="digits", guarantee=account.guarantee(), summary={})
     assert ledger.dataset_total("digits") == (None, 0.0, 0.0)  # nothing touched yet
     assert ledger.dataset_epsilon("digits", delta=DELTA) == 0.0

@@ -8,7 +8,8 @@ from pathlib import Path
 from ray import cloudpickle, tune
 
 from ray_dptune import Poisson, RandomCountSearcher, TrialSpend, private_tuner, release_best
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.result_keys import SPENT_KEY
 from ray_dptune.training import opacus_plan
 
@@ -43,6 +44,6 @@ def test_two_worker_trials_are_accounted_as_one_process_with_the_global_batch(ra
     assert TrialSpend.from_dict(result.metrics[SPENT_KEY]) == single_process
     released = release_best(results)
     expected = SearchAccount(
-        Mechanism.random_count(law=law, num_trials=1), delta=DELTA, plan=single_process.to_dict()
+        SearchMechanism.random_count(law=law, num_trials=1), delta=DELTA, plan=single_process.to_dict()
     ).guarantee(if_stopped_now=True)
     assert released.guarantee["epsilon"] == expected.epsilon <= 3.0

@@ -21,7 +21,8 @@ from ray_dptune import (
     private_tune_config,
     release_best,
 )
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.records.journal import SearchJournal
 from ray_dptune.search.rungs import Rungs
 
@@ -66,7 +67,7 @@ def test_about_one_in_eta_goes_on_and_the_best_at_the_top_rung_is_released(mode)
 
 
 def halving_account(budget_units=9, plan=PLAN):
-    return SearchAccount(Mechanism.halving(budget_units=budget_units, max_t=MAX_T), delta=DELTA, plan=plan.to_dict())
+    return SearchAccount(SearchMechanism.halving(budget_units=budget_units, max_t=MAX_T), delta=DELTA, plan=plan.to_dict())
 
 
 def charge(account, event):
@@ -153,7 +154,7 @@ def test_the_journal_rebuilds_the_same_charges(tmp_path):
 
 def test_a_charge_is_synced_to_disk_before_the_segment_may_run(tmp_path, request):
     journal = SearchJournal(tmp_path / "journal.db")
-    journal.begin("s", {"mechanism": Mechanism.halving(budget_units=9, max_t=MAX_T).to_dict(), "delta": DELTA})
+    journal.begin("s", {"mechanism": SearchMechanism.halving(budget_units=9, max_t=MAX_T).to_dict(), "delta": DELTA})
     synced = request.getfixturevalue("durable_syncs")
     journal.append([{"type": "charged", "trial_id": "a", "units": 2}])
     journal.append([{"type": "reported", "trial_id": "a", "spent": PLAN.to_dict()}])
@@ -210,7 +211,7 @@ def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it
 
 def test_a_spend_no_number_of_units_covers_is_composed_whole_into_the_brackets_run():
     """A trial that ran at a smaller σ than the plan's: its whole run is added to the budget's."""
-    account = SearchAccount(Mechanism.halving(budget_units=6, max_t=MAX_T), delta=DELTA, plan=PLAN.to_dict())
+    account = SearchAccount(SearchMechanism.halving(budget_units=6, max_t=MAX_T), delta=DELTA, plan=PLAN.to_dict())
     account.apply({"type": "suggested", "trial_id": "a", "accounted": True, "units": 1})
     budget = account.guarantee().epsilon
     louder = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=0.8, steps=20)
@@ -227,7 +228,7 @@ def test_a_spend_outside_every_bracket_is_composed_on_top_of_the_brackets_select
 
     plan = TrialSpend(sample_rate=1.0, noise_multiplier=20.0, steps=MAX_T)
     louder = TrialSpend(sample_rate=1.0, noise_multiplier=2.0, steps=1)  # another σ: no number of units covers it
-    mechanism = Mechanism.halving(budget_units=MAX_T, max_t=MAX_T, law=Poisson(0.01), num_brackets=0)
+    mechanism = SearchMechanism.halving(budget_units=MAX_T, max_t=MAX_T, law=Poisson(0.01), num_brackets=0)
     account = SearchAccount(mechanism, delta=DELTA, plan=plan.to_dict())
     account.apply({"type": "started", "trial_id": "x", "accounted": True})
     account.apply({"type": "reported", "trial_id": "x", "spent": louder.to_dict(), "overrun": True})
@@ -237,7 +238,7 @@ def test_a_spend_outside_every_bracket_is_composed_on_top_of_the_brackets_select
 
 def test_a_plan_that_does_not_split_into_max_t_units_is_refused():
     account = SearchAccount(
-        Mechanism.halving(budget_units=6, max_t=4),
+        SearchMechanism.halving(budget_units=6, max_t=4),
         delta=DELTA,
         plan=TrialSpend(**{**vars(PLAN), "steps": 30}).to_dict(),
     )
@@ -299,7 +300,7 @@ def test_random_count_over_brackets_is_p_and_s_over_one_bracket_with_its_own_bud
     from ray_dptune import Poisson, repeat_and_select
 
     law = Poisson(2)
-    mechanism = Mechanism.halving(budget_units=3, max_t=MAX_T, law=law, num_brackets=4)
+    mechanism = SearchMechanism.halving(budget_units=3, max_t=MAX_T, law=law, num_brackets=4)
     account = SearchAccount(mechanism, delta=DELTA, plan=PLAN.to_dict())
     bracket = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=3 * 20).curve()  # 3 units of 20 steps
     assert account.guarantee().epsilon == pytest.approx(repeat_and_select(bracket, law).epsilon(delta=DELTA))
@@ -311,7 +312,7 @@ def test_random_count_over_brackets_is_p_and_s_over_one_bracket_with_its_own_bud
     charge(account, {"type": "charged", "trial_id": "b", "units": 2})  # bracket 1 has its own budget
     assert (account.bracket_units(0), account.bracket_units(1), account.units_charged) == (3, 3, 6)
     with pytest.raises(ValueError, match="needs the law"):
-        Mechanism.halving(budget_units=3, max_t=MAX_T, num_brackets=2)
+        SearchMechanism.halving(budget_units=3, max_t=MAX_T, num_brackets=2)
 
 
 def test_brackets_decide_from_their_own_scores_and_the_best_winner_is_released():

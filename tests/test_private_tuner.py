@@ -20,7 +20,8 @@ from ray_dptune import (
     private_tuner,
     release_best,
 )
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable
 
 DELTA = 1e-5
@@ -80,7 +81,7 @@ def test_the_calibrated_search_meets_the_budget_tightly(law):
     space = tuner._local_tuner.param_space  # the Tuner as built (read back, not re-derived)
     sigma = space["noise_multiplier"]
     plan = trainable().privacy_plan(space)
-    mechanism = Mechanism.random_count(law=law, num_trials=1)
+    mechanism = SearchMechanism.random_count(law=law, num_trials=1)
     spent = SearchAccount(mechanism, delta=DELTA, plan=plan.to_dict()).guarantee().epsilon
     assert 3.0 * 0.99 < spent <= 3.0
     less_noise = trainable().privacy_plan({**space, "noise_multiplier": sigma * (1 - 2e-3)})

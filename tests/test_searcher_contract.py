@@ -17,7 +17,7 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from ray_dptune import PointMass
-from ray_dptune.accounting.account import Mechanism
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
@@ -141,7 +141,7 @@ def test_a_state_of_another_searcher_is_refused(case):
 
 
 def test_the_privacy_mechanism_is_a_mechanism(case):
-    assert isinstance(case.make().privacy_mechanism(), Mechanism)
+    assert isinstance(case.make().privacy_mechanism(), SearchMechanism)
 
 
 @pytest.mark.parametrize("mode", ["maxx", "MAX", ""])

@@ -29,7 +29,7 @@ from torch.utils.data import Subset
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
 from ray_dptune.training import (
-    PrivacyLedger,
+    SpendGuard,
     PrivacyParams,
     TrainState,
     digits_cnn,
@@ -210,7 +210,7 @@ def test_step_guard_stops_at_the_plan(tmp_path, data_fn, optimizer_updates, monk
 
 def test_ledger_counts_and_refuses():
     plan = TrialSpend(sample_rate=0.1, noise_multiplier=1.0, steps=2, score_noise_multiplier=3.0, score_releases=1)
-    ledger = PrivacyLedger(plan)
+    ledger = SpendGuard(plan)
     ledger.step_hook(None)
     ledger.step_hook(None)
     ledger.release_score()
@@ -220,7 +220,7 @@ def test_ledger_counts_and_refuses():
     with pytest.raises(PrivacyError, match="Score release 2"):
         ledger.release_score()
     with pytest.raises(PrivacyError, match="does not fit"):
-        PrivacyLedger(plan, TrialSpend(sample_rate=0.2, noise_multiplier=1.0, steps=1))
+        SpendGuard(plan, TrialSpend(sample_rate=0.2, noise_multiplier=1.0, steps=1))
 
 
 # ---------------------------------------------------------------------------- scores

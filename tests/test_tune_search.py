@@ -146,11 +146,12 @@ def test_spending_above_the_plan_stops_the_search(tmp_path):
     with pytest.raises(Exception, match="past its plan: steps 41"):
         run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), greedy)
     # It ran 41 steps: the journal, read back after the stop, charges them (not the plan's 40).
-    from ray_dptune.accounting.account import Mechanism, SearchAccount
+    from ray_dptune.accounting.account import SearchAccount
+    from ray_dptune.accounting.search_mechanism import SearchMechanism
     from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
 
     def planned(plan):
-        return SearchAccount(Mechanism.random_count(law=PointMass(1), num_trials=1), delta=DELTA, plan=plan.to_dict())
+        return SearchAccount(SearchMechanism.random_count(law=PointMass(1), num_trials=1), delta=DELTA, plan=plan.to_dict())
 
     ran = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=41)
     journaled = SearchJournal(str(tmp_path / "search" / JOURNAL_FILE)).account().guarantee().epsilon

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.halving_budget import HalvingBudget
 from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.search_mechanism import Mechanism
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.selection import repeat_and_select
 from ray_dptune.accounting.spend import covering_curve, curve_from_report, parse_report, report_covers
 from ray_dptune.errors import PrivacyError
@@ -51,7 +51,6 @@ __all__ = [
     "ATTEMPT_STATES",
     "CHARGING_EVENTS",
     "ENDED_STATES",
-    "Mechanism",
     "SearchAccount",
 ]
 
@@ -92,7 +91,7 @@ class SearchAccount:
             the tightest bound; False keeps the closed forms alone).
     """
 
-    def __init__(self, mechanism: Mechanism, *, delta: float, plan: Mapping | None = None, generic: bool = True):
+    def __init__(self, mechanism: SearchMechanism, *, delta: float, plan: Mapping | None = None, generic: bool = True):
         if not 0.0 < float(delta) < 1.0:
             raise ValueError(f"delta must lie strictly between 0 and 1, got {delta}.")
         if mechanism.kind == "release" and mechanism.params["delta"] > float(delta):

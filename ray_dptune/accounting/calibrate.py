@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ray_dptune import validate
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.accounting.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
@@ -25,7 +26,7 @@ def search_epsilon(
     generic: bool = True,
 ) -> float:
     """ε at ``delta`` of a random-count search whose every trial spends at most ``plan`` (the account's)."""
-    mechanism = Mechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
+    mechanism = SearchMechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
     return SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic).guarantee().epsilon
 
 
@@ -36,7 +37,7 @@ def calibrate_noise_multiplier(
     delta: float,
     law: RunCountDistribution | None = None,
     density_ratio: float = 1.0,
-    mechanism: Mechanism | None = None,
+    mechanism: SearchMechanism | None = None,
     generic: bool = True,
     retries: int = 0,
     rtol: float = 1e-3,
@@ -70,7 +71,7 @@ def calibrate_noise_multiplier(
     if (law is None) == (mechanism is None):
         raise ValueError("Give exactly one of law= (a random-count search) and mechanism= (any searcher's).")
     if mechanism is None:
-        mechanism = Mechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
+        mechanism = SearchMechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
     retries = validate.integer("retries", retries, minimum=0)
 
     def spent(sigma: float) -> float:

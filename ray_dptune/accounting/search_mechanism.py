@@ -1,8 +1,8 @@
 """How a search is bounded: the kind of its mechanism and the parameters its bound needs.
 
-A :class:`Mechanism` is JSON-ready (it is written to the journal and the report) and
+A :class:`SearchMechanism` is JSON-ready (it is written to the journal and the report) and
 turns a per-attempt plan curve into the curve of the attempts its bound covers
-(:meth:`Mechanism.selection_curve`). :class:`ray_dptune.accounting.account.SearchAccount`
+(:meth:`SearchMechanism.selection_curve`). :class:`ray_dptune.accounting.account.SearchAccount`
 composes everything else.
 """
 
@@ -19,13 +19,13 @@ from ray_dptune.accounting.selection import repeat_and_select
 from ray_dptune.accounting.svt import svt_curve
 from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
 
-__all__ = ["MECHANISM_KINDS", "Mechanism"]
+__all__ = ["MECHANISM_KINDS", "SearchMechanism"]
 
 MECHANISM_KINDS = ("random_count", "constant_overhead", "release", "composition", "halving")
 
 
 @dataclass(frozen=True)
-class Mechanism:
+class SearchMechanism:
     """How a search is bounded, as JSON-ready parameters (build with the class methods)."""
 
     kind: str
@@ -38,7 +38,7 @@ class Mechanism:
     @classmethod
     def random_count(
         cls, *, law: RunCountDistribution, num_trials: int, density_ratio: float = 1.0, upper: float | None = None
-    ) -> Mechanism:
+    ) -> SearchMechanism:
         """K ~ ``law`` runs, best released: P&S 2022 Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1
         (``upper``: C itself, when the sampler guarantees it; see :func:`repeat_and_select`)."""
         params = {"law": law.to_dict(), "num_trials": int(num_trials), "density_ratio": float(density_ratio)}
@@ -47,12 +47,12 @@ class Mechanism:
         return cls("random_count", params)
 
     @classmethod
-    def constant_overhead(cls, *, epsilon_round: float, max_rounds: int) -> Mechanism:
+    def constant_overhead(cls, *, epsilon_round: float, max_rounds: int) -> SearchMechanism:
         """Ding et al. Alg. 1: ``max_rounds`` ε_round-DP sparse-vector rounds per selection, then one training."""
         return cls("constant_overhead", {"epsilon_round": float(epsilon_round), "max_rounds": int(max_rounds)})
 
     @classmethod
-    def release(cls, *, epsilon: float, delta: float, description: Mapping[str, Any] | None = None) -> Mechanism:
+    def release(cls, *, epsilon: float, delta: float, description: Mapping[str, Any] | None = None) -> SearchMechanism:
         """A searcher's own (ε, δ)-DP release (DP-BO, Kusner et al. 2015); trials are not accounted."""
         if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta < 1):
             raise ValueError(f"A release needs ε >= 0 finite and δ in [0, 1), got ({epsilon}, {delta}).")
@@ -61,14 +61,14 @@ class Mechanism:
         )
 
     @classmethod
-    def composition(cls) -> Mechanism:
+    def composition(cls) -> SearchMechanism:
         """Every accounted attempt composed at its plan (no selection theorem)."""
         return cls("composition", {})
 
     @classmethod
     def halving(
         cls, *, budget_units: int, max_t: int, law: RunCountDistribution | None = None, num_brackets: int = 1
-    ) -> Mechanism:
+    ) -> SearchMechanism:
         """Private successive halving: brackets of at most ``budget_units`` time units, a unit ``plan / max_t``.
 
         One bracket (``law`` None): the search costs ``budget_units`` units composed; K =
@@ -122,5 +122,5 @@ class Mechanism:
         return {"kind": self.kind, "params": json.loads(json.dumps(dict(self.params)))}
 
     @classmethod
-    def from_dict(cls, record: Mapping[str, Any]) -> Mechanism:
+    def from_dict(cls, record: Mapping[str, Any]) -> SearchMechanism:
         return cls(record["kind"], dict(record.get("params", {})))

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_dptune.cli.planning import BaseMechanism, LawSpec, TrialSchedule, epsilon_curves
+from ray_dptune.cli.planning import RunMechanism, LawSpec, TrialSchedule, epsilon_curves
 
 __all__ = [
     "PLOT_MAX_MEAN",
@@ -60,7 +60,7 @@ def _align(cells: Sequence[Sequence[str]]) -> tuple[list[str], list[int]]:
 
 
 def format_plan(
-    base: BaseMechanism,
+    base: RunMechanism,
     rows: Sequence[dict[str, Any]],
     *,
     delta: float,
@@ -94,7 +94,7 @@ def _json_number(value: float) -> float | None:
 
 
 def plan_json(
-    base: BaseMechanism,
+    base: RunMechanism,
     rows: Sequence[dict[str, Any]],
     *,
     delta: float,
@@ -205,7 +205,7 @@ def check_plot_path(path: Path) -> None:
 
 def plot_epsilon_vs_mean(
     path: Path,
-    base: BaseMechanism,
+    base: RunMechanism,
     laws: Sequence[LawSpec],
     *,
     delta: float,

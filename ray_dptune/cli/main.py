@@ -42,7 +42,7 @@ from ray_dptune.cli.args import (
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.journal import journal_summary
 from ray_dptune.records.ledger import PrivacyLedger
-from ray_dptune.cli.planning import DEFAULT_LAWS, BaseMechanism, plan_rows, unique_laws
+from ray_dptune.cli.planning import DEFAULT_LAWS, RunMechanism, plan_rows, unique_laws
 
 __all__ = ["build_parser", "main"]
 
@@ -204,20 +204,20 @@ def _parse_dpsgd(values: Sequence[str]) -> tuple[float, float, int]:
     )
 
 
-def _build_base(args: argparse.Namespace) -> BaseMechanism:
+def _build_base(args: argparse.Namespace) -> RunMechanism:
     """The base mechanism named by ``--gaussian``, ``--dpsgd`` or ``--zcdp``; ValueError if invalid."""
     if args.exact_profile and args.dpsgd is None:
         raise ValueError(
             "--exact-profile only applies to --dpsgd (--gaussian always uses its exact profile; --zcdp has none)"
         )
     if args.gaussian is not None:
-        return BaseMechanism.gaussian(noise_multiplier=args.gaussian)
+        return RunMechanism.gaussian(noise_multiplier=args.gaussian)
     if args.dpsgd is not None:
         rate, sigma, steps = _parse_dpsgd(args.dpsgd)
-        return BaseMechanism.dpsgd(
+        return RunMechanism.dpsgd(
             sample_rate=rate, noise_multiplier=sigma, steps=steps, exact_profile=args.exact_profile
         )
-    return BaseMechanism.zcdp(rho=args.zcdp)
+    return RunMechanism.zcdp(rho=args.zcdp)
 
 
 def _run_plan(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ other way round (:func:`calibration`), the DP-SGD noise multiplier σ that meets
 numpy and the accounting only: no Ray; torch only for :meth:`TrialSchedule.from_training`.
 
 Example:
-    >>> base = BaseMechanism.zcdp(rho=0.1)
+    >>> base = RunMechanism.zcdp(rho=0.1)
     >>> row, = plan_rows(base, [LawSpec.parse("poisson")], [10.0], delta=1e-6, success_p=0.01)
     >>> row["epsilon"] < row["epsilon_composition"]
     True
@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.mechanisms import DeltaProfile
 from ray_dptune.accounting.spend import TrialSpend
@@ -42,7 +43,7 @@ from ray_dptune.accounting.distributions import (
 
 __all__ = [
     "DEFAULT_LAWS",
-    "BaseMechanism",
+    "RunMechanism",
     "LawSpec",
     "TrialSchedule",
     "calibration",
@@ -122,7 +123,7 @@ def unique_laws(laws: Sequence[LawSpec] | None) -> list[LawSpec]:
 
 
 @dataclasses.dataclass(frozen=True)
-class BaseMechanism:
+class RunMechanism:
     """The mechanism every single run satisfies (build with the class methods).
 
     Attributes:
@@ -138,7 +139,7 @@ class BaseMechanism:
     params: dict[str, Any]
 
     @classmethod
-    def gaussian(cls, *, noise_multiplier: float) -> BaseMechanism:
+    def gaussian(cls, *, noise_multiplier: float) -> RunMechanism:
         """The Gaussian mechanism with sensitivity 1, with its exact profile."""
         sigma = noise_multiplier
         return cls(
@@ -151,7 +152,7 @@ class BaseMechanism:
     @classmethod
     def dpsgd(
         cls, *, sample_rate: float, noise_multiplier: float, steps: int, exact_profile: bool = False
-    ) -> BaseMechanism:
+    ) -> RunMechanism:
         """``steps`` Poisson-subsampled Gaussian steps; with ``exact_profile``, also their PLD profile."""
         rate, sigma = sample_rate, noise_multiplier
         profile = None
@@ -172,7 +173,7 @@ class BaseMechanism:
         )
 
     @classmethod
-    def zcdp(cls, *, rho: float) -> BaseMechanism:
+    def zcdp(cls, *, rho: float) -> RunMechanism:
         """Any ρ-zCDP mechanism (no profile)."""
         return cls(
             curve=RDPCurve.zcdp(rho=rho),
@@ -202,7 +203,7 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 
 def plan_rows(
-    base: BaseMechanism,
+    base: RunMechanism,
     laws: Sequence[LawSpec],
     means: Sequence[float],
     *,
@@ -251,7 +252,7 @@ def plan_rows(
 
 
 def epsilon_curves(
-    base: BaseMechanism, laws: Sequence[LawSpec], *, delta: float, top: float, points: int, generic: bool = True
+    base: RunMechanism, laws: Sequence[LawSpec], *, delta: float, top: float, points: int, generic: bool = True
 ) -> tuple[dict[str, tuple[list[float], list[float]]], tuple[np.ndarray, list[float]]]:
     """ε of the whole search against E[K] up to ``top`` (P&S Figure 4), per law and for composition.
 
@@ -355,7 +356,7 @@ def calibration(
 
     sigma = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, law=law, retries=retries)
     plan = plan_for(sigma)
-    account = SearchAccount(Mechanism.random_count(law=law, num_trials=1), delta=delta, plan=plan.to_dict())
+    account = SearchAccount(SearchMechanism.random_count(law=law, num_trials=1), delta=delta, plan=plan.to_dict())
     one_run = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, law=PointMass(1))
     return {
         "epsilon_target": epsilon,

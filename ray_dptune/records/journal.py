@@ -22,7 +22,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.store import SQLiteStore
 
@@ -103,7 +104,7 @@ class SearchJournal:
             raise PrivacyError(f"{self.path} holds no search record.")
         record = search["record"]
         account = SearchAccount(
-            Mechanism.from_dict(record["mechanism"]), delta=record["delta"], plan=record.get("plan"), generic=generic
+            SearchMechanism.from_dict(record["mechanism"]), delta=record["delta"], plan=record.get("plan"), generic=generic
         )
         for event in self.events():
             account.apply(event)

@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 import numpy as np
 from ray.tune.search import Searcher
 
-from ray_dptune.accounting.account import Mechanism, SearchAccount
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict, secure_rng
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.space import check_space, space_fingerprint
@@ -77,7 +78,7 @@ class PrivateSearcher(Searcher):
     The accountant asks each searcher:
 
     * :meth:`privacy_mechanism`: how the whole search is bounded (a
-      :class:`~ray_dptune.accounting.account.Mechanism`); the account turns it, the plan
+      :class:`~ray_dptune.accounting.search_mechanism.SearchMechanism`); the account turns it, the plan
       and every attempt into the guarantee — no searcher computes one itself.
     * :meth:`accounts_trial`: must this trial report ``dp_plan``/``dp_spent``? Such trials
       all satisfy one plan (an RDP curve) that the callback learns and enforces.
@@ -146,7 +147,7 @@ class PrivateSearcher(Searcher):
         """True when the trial with ``config`` must report and satisfy the search's plan."""
         return True
 
-    def privacy_mechanism(self) -> Mechanism:
+    def privacy_mechanism(self) -> SearchMechanism:
         """How the whole search is bounded (read by the account)."""
         raise NotImplementedError(f"{type(self).__name__} does not declare its privacy mechanism.")
 
@@ -328,9 +329,9 @@ class RunCountSearcher(PrivateSearcher):
         """The law K was drawn from."""
         return self._distribution
 
-    def privacy_mechanism(self) -> Mechanism:
+    def privacy_mechanism(self) -> SearchMechanism:
         """K ~ law runs, best released: P&S Thm 2/6, DP-HyPO Thm 1 when ``density_ratio`` > 1."""
-        return Mechanism.random_count(
+        return SearchMechanism.random_count(
             law=self._distribution,
             num_trials=self._num_trials,
             density_ratio=self.density_ratio,

@@ -28,7 +28,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ray_dptune.accounting.account import Mechanism
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.svt import (
     HEADROOM_FACTOR,
     SVTParams,
@@ -194,7 +194,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
         """Only the final trial (no ``dp_partition`` key) must report and satisfy the plan."""
         return PARTITION_KEY not in config
 
-    def privacy_mechanism(self) -> Mechanism:
+    def privacy_mechanism(self) -> SearchMechanism:
         """T_max ε_round-DP rounds per selection composed with the final trial's plan.
 
         Each round is ε_round-DP (Dwork & Roth Thm 3.23 with Δ = 1/k by Ding et al.
@@ -202,7 +202,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
         T_max · min(ε, αε²/2) (:func:`~ray_dptune.accounting.svt.svt_curve`); the final
         DP-SGD training composes by addition (Mironov 2017, Prop. 1).
         """
-        return Mechanism.constant_overhead(epsilon_round=self._params.epsilon, max_rounds=self._max_rounds)
+        return SearchMechanism.constant_overhead(epsilon_round=self._params.epsilon, max_rounds=self._max_rounds)
 
     def privacy_details(self) -> dict[str, Any]:
         """The search's data-independent settings and the sparse-vector outcome (no utilities)."""

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ray_dptune.accounting import validation_release as vr
-from ray_dptune.accounting.account import Mechanism
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.candidates import build_candidate_set
@@ -193,10 +193,10 @@ class DPBOSearcher(PrivateSearcher):
         """False: the training data are public here, so trials report no DP-SGD plan."""
         return False
 
-    def privacy_mechanism(self) -> Mechanism:
+    def privacy_mechanism(self) -> SearchMechanism:
         """The release's (ε, δ) (Kusner et al. 2015), charged once per release the search makes."""
         guarantee = self.release_guarantee()
-        return Mechanism.release(epsilon=guarantee["epsilon"], delta=guarantee["delta"], description=guarantee)
+        return SearchMechanism.release(epsilon=guarantee["epsilon"], delta=guarantee["delta"], description=guarantee)
 
     def release_guarantee(self) -> dict[str, Any]:
         """(ε, δ) of the release, with its assumption, known before the search starts."""

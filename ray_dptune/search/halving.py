@@ -9,7 +9,7 @@ promotion through :meth:`HalvingSearcher.charge`; the rung scores live here, one
 :class:`~ray_dptune.search.rungs.Rungs` per bracket, so they are saved and restored
 with the searcher.
 
-Two routes (``Mechanism.halving``, :mod:`~ray_dptune.accounting.halving_budget`):
+Two routes (``SearchMechanism.halving``, :mod:`~ray_dptune.accounting.halving_budget`):
 
 * one bracket: every segment of every trial and every score is covered, by the
   composition of ``budget_units`` units;
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray_dptune.accounting.account import Mechanism
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.rungs import Rungs
@@ -80,7 +80,7 @@ class HalvingSearcher(PrivateSearcher):
             raise TypeError(f"repetitions must be a law of K such as Poisson(mean=4), got {repetitions!r}.")
         self._law = repetitions
         brackets = 1 if repetitions is None else repetitions.sample(self._rng)  # drawn once, never again
-        self._mechanism = Mechanism.halving(
+        self._mechanism = SearchMechanism.halving(
             budget_units=budget_units, max_t=max_t, law=repetitions, num_brackets=brackets
         )
         self._num_trials = brackets * (budget_units // grace_period)  # the most first segments it pays for
@@ -94,7 +94,7 @@ class HalvingSearcher(PrivateSearcher):
     def num_brackets(self) -> int:
         return self._mechanism.params["num_brackets"]
 
-    def privacy_mechanism(self) -> Mechanism:
+    def privacy_mechanism(self) -> SearchMechanism:
         return self._mechanism
 
     def set_mode(self, mode: str | None) -> None:
@@ -167,7 +167,7 @@ class HalvingSearcher(PrivateSearcher):
         return {"rungs": [rungs.state() for rungs in self.rungs], "mechanism": self._mechanism.to_dict()}
 
     def _restore_extra(self, state: dict[str, Any]) -> None:
-        self._mechanism = Mechanism.from_dict(state["mechanism"])  # K included: never redrawn
+        self._mechanism = SearchMechanism.from_dict(state["mechanism"])  # K included: never redrawn
         law = self._mechanism.params["law"]
         self._law = None if law is None else distribution_from_dict(law)
         self.rungs = []
