@@ -20,14 +20,26 @@ MAX_NOISE_MULTIPLIER = 1e4
 def search_epsilon(
     plan: TrialSpend,
     *,
-    law: RunCountDistribution,
     delta: float,
+    law: RunCountDistribution | None = None,
     density_ratio: float = 1.0,
+    mechanism: SearchMechanism | None = None,
     generic: bool = True,
+    retries: int = 0,
 ) -> float:
-    """ε at ``delta`` of a random-count search whose every trial spends at most ``plan`` (the account's)."""
-    mechanism = SearchMechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
-    return SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic).guarantee().epsilon
+    """ε at ``delta`` of a search whose every trial spends at most ``plan``, before it runs: the account's.
+
+    The search is ``law`` (a random-count search, DP-HyPO with ``density_ratio`` = C/c) or
+    any searcher's ``mechanism``; ``retries`` more attempts are composed at the plan. This is
+    :class:`~ray_dptune.accounting.account.SearchAccount`'s guarantee with no attempt charged
+    yet, the one place a plan's search ε is computed (calibration, ``private_tuner``, the CLI).
+    """
+    if (law is None) == (mechanism is None):
+        raise ValueError("Give exactly one of law= (a random-count search) and mechanism= (any searcher's).")
+    if mechanism is None:
+        mechanism = SearchMechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
+    account = SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic)
+    return account.guarantee(extra_charges=retries).epsilon
 
 
 def calibrate_noise_multiplier(
@@ -68,16 +80,11 @@ def calibrate_noise_multiplier(
     rtol = validate.in_range("rtol", rtol, 0.0, 1.0, open_left=True, open_right=True)
     if not callable(plan_for):
         raise TypeError(f"plan_for must be a function σ -> TrialSpend, got {type(plan_for).__name__}.")
-    if (law is None) == (mechanism is None):
-        raise ValueError("Give exactly one of law= (a random-count search) and mechanism= (any searcher's).")
-    if mechanism is None:
-        mechanism = SearchMechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
     retries = validate.integer("retries", retries, minimum=0)
 
     def spent(sigma: float) -> float:
-        plan = plan_for(sigma).to_dict()
-        account = SearchAccount(mechanism, delta=delta, plan=plan, generic=generic)
-        return account.guarantee(extra_charges=retries).epsilon
+        search = {"law": law, "density_ratio": density_ratio, "mechanism": mechanism, "generic": generic}
+        return search_epsilon(plan_for(sigma), delta=delta, retries=retries, **search)
 
     low, high = 0.5, 1.0
     while spent(high) > epsilon:

@@ -9,8 +9,7 @@ from typing import Any
 
 from ray import tune
 
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
+from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.tune.accountant import PrivacyAccountantCallback
 from ray_dptune.accounting.distributions import RunCountDistribution
@@ -125,8 +124,7 @@ def private_tuner(
         plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic, retries=retries
     )
     plan = plan_for(sigma)
-    account = SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic)
-    spent = account.guarantee(extra_charges=retries).epsilon
+    spent = search_epsilon(plan, delta=delta, mechanism=mechanism, generic=generic, retries=retries)
     if spent > epsilon:  # calibrate returns the safe end; this is the account's own word on it
         raise PrivacyError(f"The calibrated search spends ε = {spent:.6g} > {epsilon}: refusing to run it.")
     accountant = PrivacyAccountantCallback(
