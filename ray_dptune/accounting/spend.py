@@ -26,6 +26,7 @@ __all__ = [
     "parse_report",
     "read_trial_reports",
     "report_covers",
+    "sampling_schedule",
     "unit_spend",
 ]
 
@@ -116,6 +117,26 @@ class TrialSpend:
             return cls(**fields)
         except TypeError as error:
             raise ValueError(f"Malformed DP-SGD spend record {record!r}: {error}") from error
+
+
+def sampling_schedule(dataset_size: int, batch_size: int) -> tuple[float, int]:
+    """(sample rate q, steps per epoch) of Poisson sampling, as Opacus runs it.
+
+    q = batch_size / dataset_size, and ``int(1 / q)`` steps per epoch: the length of
+    ``opacus.utils.uniform_sampler.UniformWithReplacementSampler`` at that rate, the batch
+    sampler of ``opacus.data_loader.DPDataLoader`` (the same expression, so the same float;
+    tests/test_imports.py checks it against Opacus). Here rather than in training/ so that a
+    plan needs no torch (``ray-dptune calibrate --dataset-size``).
+
+    Raises:
+        ValueError: batch_size is not in [1, dataset_size].
+    """
+    dataset_size = validate.integer("dataset_size", dataset_size, minimum=1)
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
+    if batch_size > dataset_size:
+        raise ValueError(f"batch_size must lie in [1, {dataset_size}] (the training set's size), got {batch_size}.")
+    sample_rate = batch_size / dataset_size
+    return sample_rate, int(1 / sample_rate)
 
 
 def curve_from_report(record: Any) -> RDPCurve:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_dptune.cli.planning import RunMechanism, LawSpec, TrialSchedule, epsilon_curves
+from ray_dptune.extras import extra_imports
 
 __all__ = [
     "PLOT_MAX_MEAN",
@@ -193,7 +194,8 @@ def check_plot_path(path: Path) -> None:
     Raises:
         ValueError: naming ``--plot``.
     """
-    from matplotlib.figure import Figure
+    with extra_imports("plot", "ray-dptune plan --plot"):
+        from matplotlib.figure import Figure
 
     if not path.parent.is_dir():
         raise ValueError(f"--plot {path}: folder {path.parent} does not exist")
@@ -222,8 +224,9 @@ def plot_epsilon_vs_mean(
         generic: also use the numeric P&S Lemma 7 bound.
         means: the requested means, marked by dotted vertical lines.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    with extra_imports("plot", "ray-dptune plan --plot"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
     top = max([PLOT_MAX_MEAN, *means])
     by_law, (runs, composed) = epsilon_curves(base, laws, delta=delta, top=top, points=PLOT_POINTS, generic=generic)

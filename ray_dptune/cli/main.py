@@ -12,8 +12,8 @@ Subcommands:
 * ``journal PATH``: what a search's write-ahead journal proves it spent
   (:func:`ray_dptune.records.journal.journal_summary`).
 
-Printing lives in :mod:`ray_dptune.cli.format`. Ray is never imported, torch only by
-``calibrate --dataset-size`` (for ``dp_trainable``'s sampling schedule).
+Printing lives in :mod:`ray_dptune.cli.format`. Ray and torch are never imported, so the
+core install runs every command; matplotlib only by ``plan --plot`` (``ray_dptune[plot]``).
 Examples: ``ray-dptune plan --gaussian 2.236 --delta 1e-6 --mean 10 100 --plot eps.png``;
 ``ray-dptune calibrate --epsilon 3 --delta 1e-5 --mean 8 --dataset-size 1437 --batch-size 64 --epochs 9``.
 """
@@ -40,6 +40,7 @@ from ray_dptune.cli.args import (
     sample_rate,
 )
 from ray_dptune.errors import PrivacyError
+from ray_dptune.extras import MissingExtraError
 from ray_dptune.records.journal import journal_summary
 from ray_dptune.records.ledger import PrivacyLedger
 from ray_dptune.cli.planning import DEFAULT_LAWS, RunMechanism, plan_rows, unique_laws
@@ -235,7 +236,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             cli_format.plot_epsilon_vs_mean(
                 args.plot, base, laws, delta=args.delta, generic=not args.closed_form, means=args.mean
             )
-    except ValueError as error:  # the library's and our own validation messages
+    except (ValueError, MissingExtraError) as error:  # validation messages; --plot without ray_dptune[plot]
         parser.error(str(error))
     except OSError as error:
         parser.exit(1, f"{parser.prog}: error: cannot write {args.plot}: {error}\n")

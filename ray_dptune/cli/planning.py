@@ -8,7 +8,7 @@ expected quantile of the released run and the chance that some run succeeds; and
 other way round (:func:`calibration`), the DP-SGD noise multiplier σ that meets a target
 (ε, δ) for the whole search, with what the search costs at it.
 
-numpy and the accounting only: no Ray; torch only for :meth:`TrialSchedule.from_training`.
+numpy and the accounting only: no Ray, no torch.
 
 Example:
     >>> base = RunMechanism.zcdp(rho=0.1)
@@ -26,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from ray_dptune import validate
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
 from ray_dptune.accounting.account import SearchAccount
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.mechanisms import DeltaProfile
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
 from ray_dptune.accounting.distributions import (
     Geometric,
     Logarithmic,
@@ -295,18 +296,15 @@ class TrialSchedule:
 
     @classmethod
     def from_training(cls, *, dataset_size: int, batch_size: int, epochs: int) -> TrialSchedule:
-        """The schedule ``dp_trainable`` plans for (:func:`ray_dptune.training.plan.trial_plan`; imports torch).
+        """The schedule ``dp_trainable`` plans for (:func:`ray_dptune.training.plan.trial_plan`), without torch.
 
         Raises:
             ValueError: batch_size outside [1, dataset_size], or epochs < 1.
         """
-        from ray_dptune.training.plan import PrivacyParams, trial_plan
-
-        params = PrivacyParams(noise_multiplier=1.0, batch_size=batch_size, epochs=epochs)  # σ does not move q, T
-        plan = trial_plan(params, dataset_size)
+        sample_rate, steps_per_epoch = sampling_schedule(dataset_size, batch_size)
         return cls(
-            sample_rate=plan.sample_rate,
-            steps=plan.steps,
+            sample_rate=sample_rate,
+            steps=validate.integer("epochs", epochs, minimum=1) * steps_per_epoch,
             dataset_size=dataset_size,
             batch_size=batch_size,
             epochs=epochs,

@@ -18,6 +18,7 @@ import numpy as np
 
 from ray_dptune.accounting.distributions import secure_rng
 from ray_dptune.errors import PrivacyError
+from ray_dptune.extras import extra_imports
 from ray_dptune.search.gp import single_thread
 from ray_dptune.search.projection import project_to_bounded_density
 
@@ -122,8 +123,9 @@ class BoundedDensitySampler:
         try:
             return self._ucb(np.asarray(candidates, dtype=float), x, y)
         except Exception as error:
-            from botorch.exceptions import ModelFittingError
-            from linear_operator.utils.errors import NanError, NotPSDError
+            with extra_imports("dphypo", "ray_dptune.search.density"):
+                from botorch.exceptions import ModelFittingError
+                from linear_operator.utils.errors import NanError, NotPSDError
 
             if not isinstance(error, (ModelFittingError, NotPSDError, NanError, RuntimeError, ValueError)):
                 raise
@@ -193,11 +195,12 @@ class BoundedDensitySampler:
 
     # ------------------------------------------------------------------ surrogate
     def _ucb(self, candidates: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        import torch
-        from botorch.acquisition.analytic import UpperConfidenceBound
-        from botorch.fit import fit_gpytorch_mll
-        from botorch.models import SingleTaskGP
-        from gpytorch.mlls import ExactMarginalLogLikelihood
+        with extra_imports("dphypo", "ray_dptune.search.density"):
+            import torch
+            from botorch.acquisition.analytic import UpperConfidenceBound
+            from botorch.fit import fit_gpytorch_mll
+            from botorch.models import SingleTaskGP
+            from gpytorch.mlls import ExactMarginalLogLikelihood
 
         with single_thread(torch), torch.random.fork_rng(devices=[]):
             torch.manual_seed(y.size)  # fit retries resample from priors: keep them reproducible

@@ -34,6 +34,7 @@ import numpy as np
 from ray_dptune.accounting import validation_release as vr
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
+from ray_dptune.extras import require_extra
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.candidates import build_candidate_set
 from ray_dptune.search.dpbo_settings import (
@@ -43,6 +44,8 @@ from ray_dptune.search.dpbo_settings import (
     release_constants,
 )
 from ray_dptune.search.gp import gp_posterior
+
+require_extra("dphypo", __name__)  # BoTorch itself loads at the first GP posterior; a missing one fails here, before a search
 
 __all__ = [
     "DEFAULT_LENGTHSCALE",

@@ -39,6 +39,7 @@ import numpy as np
 
 from ray_dptune.accounting.distributions import PointMass, RunCountDistribution, TruncatedNegativeBinomial
 from ray_dptune.errors import UnsupportedBoundError
+from ray_dptune.extras import require_extra
 from ray_dptune.search.base import RunCountSearcher
 from ray_dptune.search.candidates import SearchCells, build_cells
 from ray_dptune.search.density import (
@@ -50,6 +51,8 @@ from ray_dptune.search.density import (
     check_bounds,
     check_non_negative,
 )
+
+require_extra("dphypo", __name__)  # BoTorch itself loads at the first GP fit; a missing one fails here, before a search
 
 __all__ = ["DEFAULT_BETA", "DEFAULT_TAU", "BoundedDensitySampler", "DPHyPOSearcher"]
 

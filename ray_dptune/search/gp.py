@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ray_dptune.accounting.information_gain import KernelName
+from ray_dptune.extras import extra_imports
 
 __all__ = ["gp_posterior", "single_thread"]
 
@@ -48,11 +49,12 @@ def gp_posterior(
     test_x = np.asarray(test_x, dtype=float)
     if len(train_y) == 0:
         return np.zeros(test_x.shape[0]), np.ones(test_x.shape[0])
-    import gpytorch
-    import torch
-    from botorch.models import SingleTaskGP
-    from gpytorch.kernels import MaternKernel, RBFKernel
-    from gpytorch.means import ZeroMean
+    with extra_imports("dphypo", "ray_dptune.search.gp"):
+        import gpytorch
+        import torch
+        from botorch.models import SingleTaskGP
+        from gpytorch.kernels import MaternKernel, RBFKernel
+        from gpytorch.means import ZeroMean
 
     with single_thread(torch):
         x = torch.as_tensor(np.asarray(train_x, dtype=float), dtype=torch.float64)

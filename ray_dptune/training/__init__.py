@@ -7,8 +7,15 @@
 (330, 0.0445)
 
 Importing this package imports torch and Opacus, but not Ray (only a running trial and
-:meth:`DPTrainable.privacy_plan` do).
+:meth:`DPTrainable.privacy_plan` do); without them it raises an ImportError naming
+``pip install 'ray_dptune[train]'``.
 """
+
+from ray_dptune.extras import extra_imports
+
+with extra_imports("train", __name__):
+    import opacus  # noqa: F401  (every module below needs torch and Opacus: one message for them all)
+    import torch  # noqa: F401
 
 from ray_dptune.training.clipping import ClippingMode
 from ray_dptune.training.data import digits_data

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from ray_dptune.extras import extra_imports
+
 __all__ = ["DIGITS_SPLIT_SEED", "DIGITS_VAL_FRACTION", "digits_data"]
 
 DIGITS_VAL_FRACTION = 0.2
@@ -37,8 +39,9 @@ def digits_data(config: Mapping[str, Any] | None = None) -> tuple[TensorDataset,
         (train, validation): 1 437 and 360 (image, label) pairs.
     """
     del config  # the data do not depend on hyperparameters
-    from sklearn.datasets import load_digits  # imported here: scikit-learn takes ~1 s to import
-    from sklearn.model_selection import train_test_split
+    with extra_imports("examples", "ray_dptune.training.digits_data"):  # imported here: scikit-learn takes ~1 s
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     train_x, val_x, train_y, val_y = train_test_split(

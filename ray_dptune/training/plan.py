@@ -19,9 +19,7 @@ from dataclasses import dataclass, fields
 from numbers import Integral, Real
 from typing import Any
 
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
-
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
 
 __all__ = [
     "PRIVACY_KEYS",
@@ -94,23 +92,6 @@ class PrivacyParams:
 
 PRIVACY_KEYS: tuple[str, ...] = tuple(f.name for f in fields(PrivacyParams))
 """Config keys that change what a trial spends; each overrides the fixed argument of the same name."""
-
-
-def sampling_schedule(dataset_size: int, batch_size: int) -> tuple[float, int]:
-    """(sample rate q, steps per epoch) of Poisson sampling, as Opacus runs it.
-
-    q = batch_size / dataset_size; the number of steps per epoch is the length of
-    ``opacus.utils.uniform_sampler.UniformWithReplacementSampler`` at that rate, the
-    batch sampler of ``opacus.data_loader.DPDataLoader``.
-
-    Raises:
-        ValueError: batch_size is not in [1, dataset_size].
-    """
-    if not 1 <= batch_size <= dataset_size:
-        raise ValueError(f"batch_size must lie in [1, {dataset_size}] (the training set's size), got {batch_size}.")
-    sample_rate = batch_size / dataset_size
-    sampler = UniformWithReplacementSampler(num_samples=dataset_size, sample_rate=sample_rate)
-    return sample_rate, len(sampler)
 
 
 def trial_plan(params: PrivacyParams, dataset_size: int) -> TrialSpend:
