@@ -13,9 +13,12 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_EXACT_COUNT",
+    "count",
     "finite",
     "finite_array",
     "finite_positive",
+    "fixed_positive",
     "in_range",
     "integer",
     "non_negative",
@@ -80,6 +83,22 @@ def finite_positive(name: str, value: Any, *, maximum: float = math.inf) -> floa
     if not (math.isfinite(result) and 0.0 < result <= maximum):
         raise ValueError(f"{name} must be a finite number > 0{_upper(maximum)}, got {result}.")
     return result
+
+
+def fixed_positive(name: str, value: Any) -> float:
+    """A finite number > 0 given as a number: a bool, a string or a Tune domain is refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a fixed positive number, got {value!r}.")  # noqa: TRY004
+    return finite_positive(name, value)
+
+
+MAX_EXACT_COUNT = 2**53
+"""The largest count (|Λ|, T, m) a double holds exactly."""
+
+
+def count(name: str, value: Any) -> int:
+    """An int in [1, ``MAX_EXACT_COUNT``]."""
+    return positive_int(name, value, maximum=MAX_EXACT_COUNT)
 
 
 def non_negative(name: str, value: Any) -> float:

@@ -29,7 +29,7 @@ from ray_dptune.accounting import (
     svt,
 )
 from ray_dptune.accounting import information_gain as ig
-from ray_dptune.accounting import validation_release as vr
+from ray_dptune.accounting import dpbo_bounds as vr
 from ray_dptune.accounting.generic import add_no_run_atom
 from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
 from ray_dptune.accounting.spend import TrialSpend

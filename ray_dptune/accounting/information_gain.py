@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting.gp_numerics import check_positive, round_up
+from ray_dptune.accounting.rounding import round_up
 
 __all__ = [
     "KernelName",
@@ -44,7 +44,7 @@ def kernel_matrix(x: np.ndarray, y: np.ndarray, *, kernel: KernelName, lengthsca
         kernel: "rbf", exp(−r²/(2ℓ²)); or "matern52", (1 + √5 r/ℓ + 5r²/(3ℓ²)) e^{−√5 r/ℓ}.
         lengthscale: ℓ > 0, fixed before seeing any data.
     """
-    ell = check_positive("lengthscale", lengthscale)
+    ell = validate.fixed_positive("lengthscale", lengthscale)
     x, y = np.atleast_2d(validate.finite_array("x", x)), np.atleast_2d(validate.finite_array("y", y))
     if kernel not in ("rbf", "matern52"):
         raise ValueError(f"kernel must be 'rbf' or 'matern52', got {kernel!r}.")
@@ -68,7 +68,7 @@ def information_gain(kernel: np.ndarray, noise_variance: float) -> float:
     k = np.atleast_2d(validate.finite_array("kernel", kernel))
     if k.ndim != 2 or k.shape[0] != k.shape[1]:
         raise ValueError(f"kernel must be a square matrix, got shape {k.shape}.")
-    noise = check_positive("noise_variance", noise_variance)
+    noise = validate.fixed_positive("noise_variance", noise_variance)
     with np.errstate(over="ignore"):
         scaled = k / noise
     if not np.all(np.isfinite(scaled)):
@@ -130,7 +130,7 @@ def _greedy_gamma_bound(
 ) -> float:
     """The bounds of :func:`max_information_gain_bound`; ``column(p)`` is k(Λ, λ_p), ``full`` K or None."""
     rounds = validate.positive_int("num_rounds", num_rounds, maximum=MAX_ROUNDS)
-    noise = check_positive("noise_variance", noise_variance)
+    noise = validate.fixed_positive("noise_variance", noise_variance)
     with np.errstate(over="ignore", invalid="ignore"):  # σ² tiny: gains inf, and information_gain refuses it
         return _greedy_bounds(diag, column, rounds, noise, full)
 

@@ -3,7 +3,7 @@
 :class:`DPBOSettings` checks every argument of :class:`~ray_dptune.search.dpbo.DPBOSearcher`
 before any data is seen; :meth:`DPBOSettings.guarantee` states the release's (ε, δ) and
 its assumption, and :func:`release_constants` computes the sensitivities and noise
-scales over a candidate set Λ (:mod:`ray_dptune.accounting.validation_release`).
+scales over a candidate set Λ (:mod:`ray_dptune.accounting.dpbo_bounds`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ray_dptune.accounting import validation_release as vr
+from ray_dptune.accounting import dpbo_bounds as vr
+from ray_dptune.accounting.information_gain import KernelName, max_information_gain_bound_from_points
+from ray_dptune.accounting.rounding import round_up
+from ray_dptune import validate
 from ray_dptune.errors import UnsupportedBoundError
 
 __all__ = ["DEFAULT_LENGTHSCALE", "DEFAULT_NOISE_VARIANCE", "EXPLORATION_DELTA", "DPBOSettings", "release_constants"]
@@ -46,7 +49,7 @@ class DPBOSettings:
     algorithm: Literal[1, 2, 3] = 1
     release: vr.Release = "both"
     k1: float | None = vr.DEFAULT_K1
-    kernel: vr.KernelName = "matern52"
+    kernel: KernelName = "matern52"
     lengthscale: float = DEFAULT_LENGTHSCALE
     noise_variance: float = DEFAULT_NOISE_VARIANCE
     prior_mean: float = 0.0
@@ -75,7 +78,7 @@ class DPBOSettings:
             raise ValueError(f"prior_mean must be a fixed finite number, got {self.prior_mean!r}.")
         values: dict[str, Any] = {
             "algorithm": int(self.algorithm),
-            "epsilon": vr.check_positive("epsilon", self.epsilon),
+            "epsilon": validate.fixed_positive("epsilon", self.epsilon),
             "lengthscale": _fixed("lengthscale", self.lengthscale),
             "noise_variance": _fixed("noise_variance", self.noise_variance),
             "prior_mean": float(self.prior_mean),
@@ -99,9 +102,9 @@ class DPBOSettings:
             values.update(
                 delta=0.0,
                 k1=None,
-                lipschitz=vr.check_positive("lipschitz (L)", self.lipschitz),
-                g_star=vr.check_positive("g_star (g*)", self.g_star),
-                validation_size=vr.check_count("validation_size (m)", self.validation_size),
+                lipschitz=validate.fixed_positive("lipschitz (L)", self.lipschitz),
+                g_star=validate.fixed_positive("g_star (g*)", self.g_star),
+                validation_size=validate.count("validation_size (m)", self.validation_size),
             )
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -162,7 +165,7 @@ def release_constants(
     """Sensitivities and noise scales of the release over Λ = ``configs`` (GP and metric units)."""
     s, n, t = settings, len(configs), num_trials
     if s.algorithm == 1:
-        gamma = vr.max_information_gain_bound_from_points(
+        gamma = max_information_gain_bound_from_points(
             features, t, s.noise_variance, kernel=s.kernel, lengthscale=s.lengthscale
         )
         bounds = vr.algorithm1_bounds(
@@ -175,8 +178,8 @@ def release_constants(
             gamma_bound=gamma,
             release=s.release,
         ).to_dict()
-        bounds["laplace_scale_metric_units"] = vr.round_up(bounds["laplace_scale"] * s.prior_std)
-        bounds["em_sensitivity_metric_units"] = vr.round_up(bounds["em_sensitivity"] * s.prior_std)
+        bounds["laplace_scale_metric_units"] = round_up(bounds["laplace_scale"] * s.prior_std)
+        bounds["em_sensitivity_metric_units"] = round_up(bounds["em_sensitivity"] * s.prior_std)
         return bounds
     lam = [float(c[s.reg_key]) for c in configs]
     bounds = {
@@ -190,7 +193,7 @@ def release_constants(
             lambda_max=max(lam),
         ),
     }
-    bounds["laplace_scale"] = bounds["laplace_scale_metric_units"] = vr.round_up(bounds["sensitivity"] / s.epsilon)
+    bounds["laplace_scale"] = bounds["laplace_scale_metric_units"] = round_up(bounds["sensitivity"] / s.epsilon)
     return bounds
 
 

@@ -13,9 +13,7 @@ constant the user states (Kusner §6 finds 0.95 most likely: ``DEFAULT_K1``). Th
 (ε, δ) is Kusner's: the sensitivity bound holds with probability ≥ 1 − δ over the
 GP draw of (f_V, f_V') and the observation noise, and the mechanism is ε-DP on that
 event. Everything here is in the GP's units (f / prior std); numpy/scipy only. The
-bound on γ_T lives in :mod:`ray_dptune.accounting.information_gain`; it and the
-rounding and checks of :mod:`ray_dptune.accounting.gp_numerics` are re-exported here for
-:mod:`ray_dptune.search.dpbo`.
+bound on γ_T lives in :mod:`ray_dptune.accounting.information_gain`.
 
 Where this module departs from the paper, it is always towards *more* noise:
 
@@ -47,26 +45,22 @@ from typing import Literal
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting.gp_numerics import check_count, check_positive, round_up
+from ray_dptune.accounting.rounding import round_up
 from ray_dptune.accounting.information_gain import KernelName, max_information_gain_bound_from_points
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 __all__ = [
     "DEFAULT_K1",
     "Algorithm1Bounds",
-    "KernelName",
     "Release",
     "algorithm1_bounds",
     "algorithm2_laplace_scale",
     "algorithm3_laplace_scale",
     "algorithm3_sensitivity",
     "beta_t",
-    "check_count",
     "check_k1",
-    "check_positive",
     "dataset_shift_bound",
     "exponential_mechanism_probabilities",
-    "max_information_gain_bound_from_points",
     "paper_algorithm1_laplace_scale",
     "paper_algorithm3_laplace_scale",
     "round_up",
@@ -119,7 +113,7 @@ def beta_t(t: int, n_candidates: int, *, delta: float) -> float:
     This is Srinivas Theorem 1's β_t = 2 log(|D| t² π² / (6δ')) with δ' = δ/2: with it,
     GP-UCB's regret bound (and Srinivas Lemma 5.1) holds with probability ≥ 1 − δ/2.
     """
-    t, n = check_count("t", t), check_count("n_candidates", n_candidates)
+    t, n = validate.count("t", t), validate.count("n_candidates", n_candidates)
     return round_up(2.0 * _log_quotient((n, t, t, math.pi**2), 3.0 * _check_probability("delta", delta)))
 
 
@@ -131,13 +125,13 @@ def dataset_shift_bound(k1: float, n_candidates: int, *, failure: float) -> floa
     = 2√((1 − k1) log(|Λ|/failure)). Algorithm 1's c is failure = δ/3:
     2√((1 − k1) log(3|Λ|/δ)).
     """
-    k1, n = check_k1(k1), check_count("n_candidates", n_candidates)
+    k1, n = check_k1(k1), validate.count("n_candidates", n_candidates)
     return round_up(2.0 * math.sqrt((1.0 - k1) * _log_quotient((n,), _check_probability("failure", failure))))
 
 
 def srinivas_c1(noise_variance: float) -> float:
     """C1 = 8 / log(1 + σ⁻²) (Srinivas Theorem 1; Kusner Algorithm 1), for k(λ, λ) ≤ 1; inf if it overflows."""
-    variance = check_positive("noise_variance", noise_variance)
+    variance = validate.fixed_positive("noise_variance", noise_variance)
     inverse = 1.0 / variance
     log_term = math.log1p(inverse) if math.isfinite(inverse) else math.log1p(variance) - math.log(variance)
     return round_up(8.0 / log_term)
@@ -159,7 +153,7 @@ def exponential_mechanism_probabilities(scores: np.ndarray, *, epsilon: float, s
     s = validate.finite_array("scores", scores)
     if s.ndim != 1 or s.size == 0:
         raise ValueError("scores must be a non-empty 1-D array of finite numbers.")
-    scale = check_positive("epsilon", epsilon) / (2.0 * check_positive("sensitivity", sensitivity))
+    scale = validate.fixed_positive("epsilon", epsilon) / (2.0 * validate.fixed_positive("sensitivity", sensitivity))
     with np.errstate(over="ignore", invalid="ignore"):  # a difference below -1.8e308 is -inf: probability 0
         difference = s - s.max()
         logits = np.where(difference == 0.0, 0.0, difference * scale)  # the best keep 0 even for scale = inf
@@ -237,9 +231,9 @@ def algorithm1_bounds(
             (:func:`~ray_dptune.accounting.information_gain.max_information_gain_bound`).
         release: "config" (λ̃ only: β_t on δ), "score" or "both" (β_t on δ/2).
     """
-    n, t = check_count("n_candidates", n_candidates), check_count("num_trials", num_trials)
-    eps, delta = check_positive("epsilon", epsilon), _check_probability("delta", delta)
-    k1, sigma2 = check_k1(k1), check_positive("noise_variance", noise_variance)
+    n, t = validate.count("n_candidates", n_candidates), validate.count("num_trials", num_trials)
+    eps, delta = validate.fixed_positive("epsilon", epsilon), _check_probability("delta", delta)
+    k1, sigma2 = check_k1(k1), validate.fixed_positive("noise_variance", noise_variance)
     gamma = float(gamma_bound)
     if not (math.isfinite(gamma) and gamma >= 0.0):
         raise ValueError(f"gamma_bound must be a finite number >= 0, got {gamma_bound}.")
@@ -286,9 +280,9 @@ def paper_algorithm1_laplace_scale(
     For reference and tests only: its union bound exceeds δ (module docstring, item 1);
     :func:`algorithm1_bounds` gives the scale the searcher uses, which is never smaller.
     """
-    t = check_count("num_trials", num_trials)
-    epsilon, gamma = check_positive("epsilon", epsilon), validate.non_negative("gamma", gamma)
-    noise_variance = check_positive("noise_variance", noise_variance)
+    t = validate.count("num_trials", num_trials)
+    epsilon, gamma = validate.fixed_positive("epsilon", epsilon), validate.non_negative("gamma", gamma)
+    noise_variance = validate.fixed_positive("noise_variance", noise_variance)
     beta = beta_t(t, n_candidates, delta=delta)
     c = dataset_shift_bound(k1, n_candidates, failure=delta / 3.0)
     q = math.sqrt(noise_variance) * math.sqrt(4.0 * _log_quotient((3.0,), delta))
@@ -337,9 +331,9 @@ def algorithm3_sensitivity(
 def _algorithm3_arguments(
     lipschitz: float, g_star: float, validation_size: int, lambda_min: float, lambda_max: float
 ) -> tuple[float, float, int, float, float]:
-    lip, g = check_positive("lipschitz (L)", lipschitz), check_positive("g_star (g*)", g_star)
-    m = check_count("validation_size (m)", validation_size)
-    lo, hi = check_positive("lambda_min", lambda_min), check_positive("lambda_max", lambda_max)
+    lip, g = validate.fixed_positive("lipschitz (L)", lipschitz), validate.fixed_positive("g_star (g*)", g_star)
+    m = validate.count("validation_size (m)", validation_size)
+    lo, hi = validate.fixed_positive("lambda_min", lambda_min), validate.fixed_positive("lambda_max", lambda_max)
     if hi < lo:
         raise ValueError(f"lambda_max = {hi} is below lambda_min = {lo}.")
     return lip, g, m, lo, hi
@@ -371,7 +365,7 @@ def algorithm3_laplace_scale(
         lambda_min=lambda_min,
         lambda_max=lambda_max,
     )
-    return round_up(_floor_normal(sensitivity / check_positive("epsilon", epsilon)))
+    return round_up(_floor_normal(sensitivity / validate.fixed_positive("epsilon", epsilon)))
 
 
 def paper_algorithm3_laplace_scale(
@@ -379,7 +373,7 @@ def paper_algorithm3_laplace_scale(
 ) -> float:
     """Algorithm 3 as printed: (1/ε)min{g*/m, L/(mλ_min)} + (λ_max − λ_min)L/(ελ_maxλ_min) (reference only)."""
     lip, g, m, lo, hi = _algorithm3_arguments(lipschitz, g_star, validation_size, lambda_min, lambda_max)
-    epsilon = check_positive("epsilon", epsilon)
+    epsilon = validate.fixed_positive("epsilon", epsilon)
     first = min(g / m, lip / (m * lo))
     denominator = epsilon * hi * lo
     if _is_normal(denominator):
