@@ -28,8 +28,6 @@ import numpy as np
 
 from ray_dptune import validate
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.mechanisms import DeltaProfile
 from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
@@ -187,7 +185,7 @@ class RunMechanism:
         """ε at ``delta`` of one run."""
         return self.curve.epsilon(delta=delta)
 
-    def search_epsilon(self, law: RunCountDistribution, *, delta: float, generic: bool = True) -> float:
+    def selection_epsilon(self, law: RunCountDistribution, *, delta: float, generic: bool = True) -> float:
         """ε at ``delta`` of K ~ ``law`` runs, best released (P&S Thms 2/6; ``generic``: also Lemma 7)."""
         profile = self.profile if isinstance(law, Poisson) else None
         return repeat_and_select(self.curve, law, base_delta=profile, generic=generic).epsilon(delta=delta)
@@ -233,7 +231,7 @@ def plan_rows(
         composed = base.composition_epsilon(runs, delta=delta)
         for spec in laws:
             law = spec.build(mean)
-            epsilon = base.search_epsilon(law, delta=delta, generic=generic)
+            epsilon = base.selection_epsilon(law, delta=delta, generic=generic)
             rows.append(
                 {
                     "law": spec.name,
@@ -270,7 +268,7 @@ def epsilon_curves(
         grid = [spec.build(float(mean)) for mean in means]
         by_law[spec.name] = (
             [law.mean for law in grid],
-            [base.search_epsilon(law, delta=delta, generic=generic) for law in grid],
+            [base.selection_epsilon(law, delta=delta, generic=generic) for law in grid],
         )
     return by_law, (runs, [base.composition_epsilon(int(k), delta=delta) for k in runs])
 
@@ -354,7 +352,6 @@ def calibration(
 
     sigma = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, law=law, retries=retries)
     plan = plan_for(sigma)
-    account = SearchAccount(SearchMechanism.random_count(law=law, num_trials=1), delta=delta, plan=plan.to_dict())
     one_run = calibrate_noise_multiplier(plan_for, epsilon=epsilon, delta=delta, law=PointMass(1))
     return {
         "epsilon_target": epsilon,
@@ -363,8 +360,8 @@ def calibration(
         "law": {**law.to_dict(), "mean": law.mean},
         "schedule": dataclasses.asdict(schedule),
         "noise_multiplier": sigma,
-        "epsilon_search": account.guarantee().epsilon,
-        "epsilon_search_all_retries": account.guarantee(extra_charges=retries).epsilon,
+        "epsilon_search": search_epsilon(plan, delta=delta, law=law),
+        "epsilon_search_all_retries": search_epsilon(plan, delta=delta, law=law, retries=retries),
         "epsilon_trial": search_epsilon(plan, law=PointMass(1), delta=delta),
         "noise_multiplier_one_run": one_run,
         "noise_ratio": sigma / one_run,
