@@ -22,8 +22,8 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
-from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.accounting.distributions import Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.spend import TrialSpend
 
 SAMPLE_RATE, STEPS, DELTA, MEAN = 64 / 1437, 336, 1e-5, 8.0
 RESULTS = Path(__file__).resolve().parent / "results" / "calibration.md"
@@ -82,8 +82,8 @@ def main() -> None:
     lines += [f"| {e:g} | {n} | {o:.4f} | {t:.4f} | {r:.1%} | {a:.1f} | {b:.1f} |" for e, n, o, t, r, a, b in rows]
     lines += [
         "",
-        "What the smaller σ buys on digits (released trial's held-out accuracy, paired searches): "
-        "`benchmarks/calibration_utility.py`, results in `calibration_utility.md`.",
+        ("What the smaller σ buys on digits (released trial's held-out accuracy, paired searches): "
+        "`benchmarks/calibration_utility.py`, results in `calibration_utility.md`."),
     ]
     RESULTS.write_text("\n".join(lines) + "\n")
 

@@ -211,8 +211,8 @@ def _hypo_task(task: tuple) -> tuple[str, float, int, dict[str, Any], float]:
 def epsilons(meta: dict[str, Any], gammas: list[float]) -> dict[str, Any]:
     """Total ε of both searches at each γ (equal at the calibration law), and one trial's ε."""
     from ray_dptune.accounting.calibrate import search_epsilon
-    from ray_dptune.accounting.spend import TrialSpend
     from ray_dptune.accounting.distributions import Geometric
+    from ray_dptune.accounting.spend import TrialSpend
 
     cal = meta["calibration"]
     q, steps = cal["sample_rate"], cal["steps"]

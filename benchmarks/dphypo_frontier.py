@@ -48,10 +48,10 @@ SIGMA_LOW, SIGMA_HIGH = 1.0428, 1.3894  # the cached digits landscapes
 
 def search_epsilon(sigma: float, gamma: float, ratio: float, upper: float) -> float:
     from ray_dptune.accounting import RDPCurve, generic_repeat_and_select
+    from ray_dptune.accounting.distributions import Geometric
     from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound
     from ray_dptune.accounting.selection import truncated_negative_binomial_bound
     from ray_dptune.accounting.spend import TrialSpend
-    from ray_dptune.accounting.distributions import Geometric
 
     base = TrialSpend(sample_rate=64 / 1437, noise_multiplier=sigma, steps=110).curve()
     base = RDPCurve(base.orders, base.epsilons)  # RDP only for both: DP-HyPO's proof has no PLD version
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return (1 - w) * low + w * high
 
     rng = np.random.default_rng(args.seed)
-    law_trials = lambda n: rng.geometric(args.gamma, size=n)  # noqa: E731  P[T=k] = γ(1-γ)^(k-1)
+    law_trials = lambda n: rng.geometric(args.gamma, size=n)
     uniform = {}
     for name, mean in (("digits", digits_at(sigma_u)), ("synthetic", synthetic)):
         values = bench.uniform_searches(mean, np.full(320, 0.1), law_trials(args.uniform_reps), int(rng.integers(2**63)))
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(record, indent=1))
-    print("| landscape | C | c | β | τ | σ_HyPO | DP-HyPO | uniform (σ_u = %.4f) | gap ± 95%% CI |" % sigma_u)
+    print(f"| landscape | C | c | β | τ | σ_HyPO | DP-HyPO | uniform (σ_u = {sigma_u:.4f}) | gap ± 95% CI |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(

@@ -13,8 +13,8 @@ from typing import Any
 
 from ray_dptune.accounting import RDPCurve, repeat_and_select
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
-from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.accounting.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import BudgetExceededError, PrivacyError, UnsupportedBoundError
 
 __version__ = "0.1.0"

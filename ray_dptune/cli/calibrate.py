@@ -28,8 +28,8 @@ from ray_dptune.cli.args import (
     positive_float,
     sample_rate,
 )
-from ray_dptune.errors import PrivacyError
 from ray_dptune.cli.planning import LawSpec, TrialSchedule, calibration
+from ray_dptune.errors import PrivacyError
 
 __all__ = ["add_parser", "run"]
 

@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_dptune.cli import calibrate as cli_calibrate, format as cli_format
+from ray_dptune.cli import calibrate as cli_calibrate
+from ray_dptune.cli import format as cli_format
 from ray_dptune.cli.args import (
     DEFAULT_MEAN,
     LAW_CHOICES,
@@ -39,11 +40,11 @@ from ray_dptune.cli.args import (
     probability,
     sample_rate,
 )
+from ray_dptune.cli.planning import DEFAULT_LAWS, RunMechanism, plan_rows, unique_laws
 from ray_dptune.errors import PrivacyError
 from ray_dptune.extras import MissingExtraError
 from ray_dptune.records.journal import journal_summary
 from ray_dptune.records.ledger import PrivacyLedger
-from ray_dptune.cli.planning import DEFAULT_LAWS, RunMechanism, plan_rows, unique_laws
 
 __all__ = ["build_parser", "main"]
 

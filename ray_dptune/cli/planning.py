@@ -29,8 +29,6 @@ import numpy as np
 from ray_dptune import validate
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
-from ray_dptune.accounting.mechanisms import DeltaProfile
-from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
 from ray_dptune.accounting.distributions import (
     Geometric,
     Logarithmic,
@@ -39,11 +37,13 @@ from ray_dptune.accounting.distributions import (
     RunCountDistribution,
     TruncatedNegativeBinomial,
 )
+from ray_dptune.accounting.mechanisms import DeltaProfile
+from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
 
 __all__ = [
     "DEFAULT_LAWS",
-    "RunMechanism",
     "LawSpec",
+    "RunMechanism",
     "TrialSchedule",
     "calibration",
     "epsilon_curves",

@@ -17,7 +17,13 @@ _LAZY = {
     "RandomCountSearcher": "ray_dptune.search.random_count",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "BoundedDensitySampler",
+    "ConstantOverheadSearcher",
+    "DPBOSearcher",
+    "DPHyPOSearcher",
+    "RandomCountSearcher",
+]
 
 
 def __getattr__(name: str) -> Any:

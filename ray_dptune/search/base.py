@@ -19,8 +19,8 @@ import numpy as np
 from ray.tune.search import Searcher
 
 from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict, secure_rng
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.space import check_space, space_fingerprint
 

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ray_dptune import validate
 from ray_dptune.accounting import dpbo_bounds as vr
 from ray_dptune.accounting.information_gain import KernelName, max_information_gain_bound_from_points
 from ray_dptune.accounting.rounding import round_up
-from ray_dptune import validate
 from ray_dptune.errors import UnsupportedBoundError
 
 __all__ = ["DEFAULT_LENGTHSCALE", "DEFAULT_NOISE_VARIANCE", "EXPLORATION_DELTA", "DPBOSettings", "release_constants"]

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.rungs import Rungs
 from ray_dptune.search.space import sample_config

@@ -48,7 +48,7 @@ class Rungs:
         milestones, milestone = [], float(self.grace_period)
         while round(milestone) < self.max_t:
             if not milestones or round(milestone) > milestones[-1]:
-                milestones.append(int(round(milestone)))
+                milestones.append(round(milestone))
             milestone *= self.reduction_factor
         self.milestones: tuple[int, ...] = (*milestones, self.max_t)
         self._scores: dict[int, dict[str, float]] = {m: {} for m in self.milestones}

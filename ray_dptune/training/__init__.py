@@ -17,13 +17,13 @@ with extra_imports("train", __name__):
     import opacus  # noqa: F401  (every module below needs torch and Opacus: one message for them all)
     import torch  # noqa: F401
 
+from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.training.clipping import ClippingMode
 from ray_dptune.training.data import digits_data
 from ray_dptune.training.loop import Report, train, train_step
 from ray_dptune.training.models import digits_cnn
 from ray_dptune.training.opacus_spend import OpacusSpend, opacus_plan
 from ray_dptune.training.oso import OSODPOptimizer
-from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.training.partition import Partition
 from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, sampling_schedule, space_plan, trial_plan
 from ray_dptune.training.quantile import QuantileClipDPOptimizer

@@ -16,8 +16,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.training.loop import train
 from ray_dptune.result_keys import PARTITION_KEY
+from ray_dptune.training.loop import train
 from ray_dptune.training.partition import Partition, part_sizes
 from ray_dptune.training.plan import PrivacyParams, candidates, describe_plans, dominant_plan, space_plan
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, LossFn, OptimizerName, TrainSpec

@@ -12,14 +12,16 @@ from ray.tune import Callback
 
 from ray_dptune import validate
 from ray_dptune.accounting.account import LIVE_STATES, SearchAccount
+from ray_dptune.accounting.budget import SearchBudget
 from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.spend import TrialSpend, describe_excess, read_trial_reports, report_covers
-from ray_dptune.accounting.budget import SearchBudget
 from ray_dptune.errors import BudgetExceededError, PrivacyError
 from ray_dptune.records.journal import SearchJournal, journal_location
 from ray_dptune.records.ledger import LedgerEntry, PrivacyLedger
-from ray_dptune.records.report import REPORT_FILE, PrivacyReport, searcher_report, write_search_report
+from ray_dptune.records.report import PrivacyReport, searcher_report, write_search_report
+from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SPENT_KEY
+from ray_dptune.search.base import private_searcher_of, refuse_truncation
 from ray_dptune.tune.guard import (
     DATA_INDEPENDENT_STOP_KEYS,
     check_scheduler,
@@ -28,8 +30,6 @@ from ray_dptune.tune.guard import (
     running_controller,
     stopped_by_rule,
 )
-from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SPENT_KEY
-from ray_dptune.search.base import private_searcher_of, refuse_truncation
 
 __all__ = ["PrivacyAccountantCallback"]
 

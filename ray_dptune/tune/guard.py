@@ -19,8 +19,8 @@ __all__ = [
     "PrivacyGuardScheduler",
     "check_scheduler",
     "check_stop",
-    "private_tune_config",
     "end_trial_in_error",
+    "private_tune_config",
     "running_controller",
     "stopped_by_rule",
 ]
@@ -150,7 +150,7 @@ def check_stop(stop: Any) -> None:
             check_stop(each)
         return
     if isinstance(stop, CombinedStopper):
-        for each in stop._stoppers:  # noqa: SLF001 - Tune keeps the parts only there
+        for each in stop._stoppers:
             check_stop(each)
         return
     if type(stop) in (MaximumIterationStopper, TimeoutStopper, NoopStopper):
@@ -170,7 +170,7 @@ def stopped_by_rule(stop: Any, result: dict) -> bool:
     if isinstance(stop, dict):
         return any(key in result and result[key] >= value for key, value in stop.items())
     if isinstance(stop, MaximumIterationStopper):
-        return result.get("training_iteration", 0) >= stop._max_iter  # noqa: SLF001 - its only record of the limit
+        return result.get("training_iteration", 0) >= stop._max_iter
     return False
 
 
@@ -187,7 +187,7 @@ def end_trial_in_error(trial: Any, error: Exception) -> None:
     if controller is None:
         raise error
     controller.stop_trial(trial)
-    controller._set_trial_status(trial, Trial.ERROR)  # noqa: SLF001 - whitelisted by Tune for schedulers
+    controller._set_trial_status(trial, Trial.ERROR)
     trial.handle_error(error)
 
 

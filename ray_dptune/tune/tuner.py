@@ -10,14 +10,14 @@ from typing import Any
 from ray import tune
 
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
-from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.tune.accountant import PrivacyAccountantCallback
 from ray_dptune.accounting.distributions import RunCountDistribution
+from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
-from ray_dptune.tune.guard import check_stop, private_tune_config
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
+from ray_dptune.tune.accountant import PrivacyAccountantCallback
+from ray_dptune.tune.guard import check_stop, private_tune_config
 
 __all__ = ["private_tuner"]
 
