@@ -8,7 +8,7 @@ mean) accuracy of the point whose noisy score was best. This script does the sam
 on the landscapes of ``benchmarks/dphypo_landscapes.py`` (DP-SGD on scikit-learn's
 digits over the paper's 16×20 (learning rate, clipping norm) grid):
 
-* **DP-HyPO**: :class:`ray_dptune.search.dphypo.BoundedDensitySampler` (the
+* **DP-HyPO**: :class:`ray_dptune.search.density.BoundedDensitySampler` (the
   searcher's Ray-free core: GP UCB → softmax → exact projection onto
   S_{C,c} → checked draw) with C = 2, c = 0.75 and the module's default β and τ,
   on the landscape trained at σ_HyPO;
@@ -137,7 +137,7 @@ def hypo_search(
 ) -> dict[str, Any]:
     """One DP-HyPO search of ``trials`` trials: the true accuracy of the best-scoring cell, and diagnostics."""
     from ray_dptune.errors import PrivacyError
-    from ray_dptune.search.dphypo import BoundedDensitySampler
+    from ray_dptune.search.density import BoundedDensitySampler
 
     n = mean.size
     sampler = BoundedDensitySampler(np.full(n, 1.0 / n), upper=UPPER, lower=LOWER, rng=seed)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         float(args.noise)
 
     from ray_dptune.accounting.distributions import Geometric
-    from ray_dptune.search.dphypo import DEFAULT_BETA, DEFAULT_TAU
+    from ray_dptune.search.density import DEFAULT_BETA, DEFAULT_TAU
 
     _init_worker()  # quiet: botorch's and absl's warnings
     logging.getLogger("absl").setLevel(logging.ERROR)

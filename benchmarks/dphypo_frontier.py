@@ -75,7 +75,7 @@ def calibrate(target: float, gamma: float, ratio: float, upper: float) -> float:
 
 def hypo_search(task: tuple) -> tuple:
     key, mean, features, trials, seed, upper, lower, beta, tau = task
-    from ray_dptune.search.dphypo import BoundedDensitySampler
+    from ray_dptune.search.density import BoundedDensitySampler
 
     n = mean.size
     sampler = BoundedDensitySampler(np.full(n, 1.0 / n), upper=upper, lower=lower, beta=beta, tau=tau, rng=seed)

@@ -52,9 +52,10 @@ import numpy as np
 from ray import tune
 
 from ray_dptune import PointMass
-from ray_dptune.search import density, dphypo
+from ray_dptune.search import density
 from ray_dptune.search.candidates import build_cells
-from ray_dptune.search.dphypo import BoundedDensitySampler, DPHyPOSearcher
+from ray_dptune.search.density import BoundedDensitySampler
+from ray_dptune.search.dphypo import DPHyPOSearcher
 from ray_dptune.search.projection import project_to_bounded_density
 
 SPACE = {"lr": tune.loguniform(1e-4, 1.0), "clip": tune.uniform(0.0, 100.0)}
@@ -371,7 +372,7 @@ def main() -> None:
         ),
         (
             f"- Space: `lr` loguniform(1e-4, 1) × `clip` uniform(0, 100) → 50×50 = 2 500 cells; C = {C}, c = {c}, "
-            f"β = {dphypo.DEFAULT_BETA}, τ = {dphypo.DEFAULT_TAU}; `time.perf_counter` medians."
+            f"β = {density.DEFAULT_BETA}, τ = {density.DEFAULT_TAU}; `time.perf_counter` medians."
         ),
         "",
         "## suggest with 100 completed trials (goal ≤ 100 ms)",

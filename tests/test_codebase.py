@@ -132,6 +132,26 @@ def test_no_private_name_crosses_a_module(path):
     assert _private_uses(_tree(path)) == []
 
 
+def _exported_but_not_owned(tree: ast.Module) -> list[str]:
+    """Names in a module's ``__all__`` that it imports instead of defining (a package's ``__init__`` may)."""
+    defined, exported = set(), []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    defined.add(target.id)
+                    if target.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                        exported = [element.value for element in node.value.elts if isinstance(element, ast.Constant)]
+    return [name for name in exported if name not in defined]
+
+
+@pytest.mark.parametrize("path", [path for path in MODULES if path.name != "__init__.py"], ids=_name)
+def test_a_module_exports_only_what_it_owns(path):
+    assert _exported_but_not_owned(_tree(path)) == []
+
+
 def _positional_privacy_arguments(tree: ast.Module) -> list[str]:
     """Public module-level functions and methods taking a privacy argument positionally."""
     found = []
@@ -167,6 +187,8 @@ def test_the_rules_catch_what_they_forbid():
     )
     assert _private_uses(source) == ["from ray_dptune.search.candidates import _axes", "candidates._combos"]
     assert _positional_privacy_arguments(source) == ["calibrate(epsilon)", "Curve.epsilon(delta)"]
+    reexport = ast.parse("from ray_dptune.search.space import is_fixed\nX = 1\n__all__ = ['X', 'is_fixed']\n")
+    assert _exported_but_not_owned(reexport) == ["is_fixed"]
     circle = {"ray_dptune.a": {"ray_dptune.b"}, "ray_dptune.b": {"ray_dptune.a"}, "ray_dptune.c": {"ray_dptune.a"}}
     assert _import_cycles(circle) == [["ray_dptune.a", "ray_dptune.b"]]
     late = ast.parse("import ray\nfrom ray_dptune.records import ledger\ndef f():\n    from ray_dptune.tune import guard\n")

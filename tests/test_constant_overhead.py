@@ -31,7 +31,8 @@ from ray_dptune.accounting.svt import (
     worst_case_noiseless_rounds,
 )
 from ray_dptune.result_keys import PARTITION_KEY
-from ray_dptune.search.constant_overhead import ConstantOverheadSearcher, expand_candidates
+from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
+from ray_dptune.search.space import expand_candidates
 
 DYADIC_G = 1.0 / 1024  # exact in binary: levels u0 + g·L compare without rounding
 

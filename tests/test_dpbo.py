@@ -22,7 +22,9 @@ from ray_dptune import PrivacyAccountantCallback, PrivacyError, UnsupportedBound
 from ray_dptune.accounting import information_gain as ig
 from ray_dptune.accounting import dpbo_bounds as vr
 from ray_dptune.records.report import REPORT_FILE
-from ray_dptune.search.dpbo import DPBOSearcher, build_candidate_set, draw_index, gp_posterior
+from ray_dptune.search.candidates import build_candidate_set
+from ray_dptune.search.dpbo import DPBOSearcher, draw_index
+from ray_dptune.search.gp import gp_posterior
 
 SPACE = {"C": tune.grid_search([0.1, 1.0, 10.0]), "gamma": tune.grid_search([1e-3, 1e-2])}  # |Λ| = 6
 EPS, DELTA = 1.0, 1e-3

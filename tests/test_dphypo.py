@@ -30,7 +30,8 @@ from ray_dptune import (
 from ray_dptune.records.report import REPORT_FILE
 from ray_dptune.search import density
 from ray_dptune.search.candidates import build_cells
-from ray_dptune.search.dphypo import BoundedDensitySampler, DPHyPOSearcher
+from ray_dptune.search.density import BoundedDensitySampler
+from ray_dptune.search.dphypo import DPHyPOSearcher
 
 C, c = 2.0, 0.75  # DP-HyPO App. E
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)

@@ -63,7 +63,6 @@ __all__ = [
     "exponential_mechanism_probabilities",
     "paper_algorithm1_laplace_scale",
     "paper_algorithm3_laplace_scale",
-    "round_up",
     "srinivas_c1",
 ]
 

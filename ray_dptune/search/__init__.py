@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "BoundedDensitySampler": "ray_dptune.search.dphypo",
+    "BoundedDensitySampler": "ray_dptune.search.density",
     "ConstantOverheadSearcher": "ray_dptune.search.constant_overhead",
     "DPBOSearcher": "ray_dptune.search.dpbo",
     "DPHyPOSearcher": "ray_dptune.search.dphypo",

@@ -43,7 +43,7 @@ from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.space import FINITE_ONLY, expand_candidates, is_fixed
 
-__all__ = ["ConstantOverheadSearcher", "expand_candidates"]
+__all__ = ["ConstantOverheadSearcher"]
 
 logger = logging.getLogger(__name__)
 

@@ -48,14 +48,7 @@ from ray_dptune.search.gp import gp_posterior
 
 require_extra("dphypo", __name__)  # BoTorch itself loads at the first GP posterior; a missing one fails here, before a search
 
-__all__ = [
-    "DEFAULT_LENGTHSCALE",
-    "DEFAULT_NOISE_VARIANCE",
-    "DPBOSearcher",
-    "build_candidate_set",
-    "draw_index",
-    "gp_posterior",
-]
+__all__ = ["DPBOSearcher", "draw_index"]
 
 logger = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from ray_dptune.search.density import (
 
 require_extra("dphypo", __name__)  # BoTorch itself loads at the first GP fit; a missing one fails here, before a search
 
-__all__ = ["DEFAULT_BETA", "DEFAULT_TAU", "BoundedDensitySampler", "DPHyPOSearcher"]
+__all__ = ["DPHyPOSearcher"]
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ with extra_imports("train", __name__):
     import opacus  # noqa: F401  (every module below needs torch and Opacus: one message for them all)
     import torch  # noqa: F401
 
+from ray_dptune.accounting.spend import sampling_schedule
 from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.training.clipping import ClippingMode
 from ray_dptune.training.data import digits_data
@@ -25,7 +26,7 @@ from ray_dptune.training.models import digits_cnn
 from ray_dptune.training.opacus_spend import OpacusSpend, opacus_plan
 from ray_dptune.training.oso import OSODPOptimizer
 from ray_dptune.training.partition import Partition
-from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, sampling_schedule, space_plan, trial_plan
+from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, space_plan, trial_plan
 from ray_dptune.training.quantile import QuantileClipDPOptimizer
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, Hyperparameters, OptimizerName, TrainSpec
 from ray_dptune.training.state import SpendGuard, TrainState

@@ -31,7 +31,7 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
 from ray_dptune.errors import PrivacyError
 from ray_dptune.result_keys import PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_KEY
 from ray_dptune.training.clipping import (
@@ -43,7 +43,7 @@ from ray_dptune.training.clipping import (
 )
 from ray_dptune.training.grad_sample import resolve_grad_sample_mode
 from ray_dptune.training.partition import Partition
-from ray_dptune.training.plan import PrivacyParams, sampling_schedule, trial_plan
+from ray_dptune.training.plan import PrivacyParams, trial_plan
 from ray_dptune.training.spec import Hyperparameters, LossFn, TrainSpec
 from ray_dptune.training.state import SpendGuard, TrainState
 

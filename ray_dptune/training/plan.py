@@ -27,7 +27,6 @@ __all__ = [
     "candidates",
     "describe_plans",
     "dominant_plan",
-    "sampling_schedule",
     "space_plan",
     "trial_plan",
 ]
