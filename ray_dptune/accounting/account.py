@@ -91,7 +91,9 @@ class SearchAccount:
             the tightest bound; False keeps the closed forms alone).
     """
 
-    def __init__(self, mechanism: SearchMechanism, *, delta: float, plan: Mapping | None = None, generic: bool = True):
+    def __init__(
+        self, mechanism: SearchMechanism, *, delta: float, plan: Mapping[str, Any] | None = None, generic: bool = True
+    ):
         if not 0.0 < float(delta) < 1.0:
             raise ValueError(f"delta must lie strictly between 0 and 1, got {delta}.")
         if mechanism.kind == "release" and mechanism.params["delta"] > float(delta):
@@ -102,7 +104,7 @@ class SearchAccount:
         self.mechanism = mechanism
         self.delta = float(delta)
         self.generic = bool(generic)
-        self.plan: dict | None = None
+        self.plan: dict[str, Any] | None = None
         self.trials: dict[str, _Trial] = {}
         self.selections = 0  # sparse-vector selections run (constant overhead)
         self.releases: list[dict[str, Any]] = []  # searcher releases (DP-BO)
@@ -114,7 +116,7 @@ class SearchAccount:
         self._trials_completed = 0  # every trial whose last attempt completed
         self._budget = HalvingBudget(mechanism.params) if mechanism.kind == "halving" else None
         self.beyond_plan: dict[tuple[str, int], Any] = {}  # (trial, attempt) -> a spend the plan does not cover
-        self._cache: dict[tuple, Any] = {}
+        self._cache: dict[tuple[Any, ...], Any] = {}
         if plan is not None:
             self.apply({"type": "plan", "plan": dict(plan)})
 
@@ -128,8 +130,8 @@ class SearchAccount:
             return
         if kind == "restored":
             self.restores += 1
-            for trial_id, trial in self.trials.items():
-                if trial.last in LIVE_STATES:
+            for trial_id, live in self.trials.items():
+                if live.last in LIVE_STATES:
                     self._set_state(trial_id, "unknown")
             return
         if kind == "selection":
@@ -158,6 +160,7 @@ class SearchAccount:
                 self._new_attempt(trial_id, trial.accounted, "started", units)
         elif kind == "charged":
             self.trials[trial_id].attempts[-1]["units"] += units
+            assert self._budget is not None  # only a halving search's scheduler charges units
             self._budget.add(trial_id, units, bracket=None)  # a promotion: the trial's own bracket
         elif kind == "reported":
             trial = self.trials.get(trial_id)
@@ -199,6 +202,7 @@ class SearchAccount:
 
     def bracket_units(self, bracket: int) -> int:
         """Time units charged to ``bracket`` of a halving search."""
+        assert self._budget is not None  # only a halving search has brackets
         return self._budget.units.get(bracket, 0)
 
     def units_of(self, trial_id: str) -> int:
@@ -245,7 +249,14 @@ class SearchAccount:
         if extra_charges and self.mechanism.kind == "halving":
             raise ValueError("A halving search pays for every attempt from its budget of time units, not by attempts.")
         charged = self.charged_attempts(if_stopped_now=if_stopped_now) + extra_charges
-        key = ("guarantee", charged, self.selections, len(self.releases), self.units_charged, self._plan_key())
+        key: tuple[Any, ...] = (
+            "guarantee",
+            charged,
+            self.selections,
+            len(self.releases),
+            self.units_charged,
+            self._plan_key(),
+        )
         key += (json.dumps(list(self.beyond_plan.values()), sort_keys=True),)
         cached = self._cache.get(key)
         if cached is None:
@@ -270,18 +281,18 @@ class SearchAccount:
             self._trials_completed,
             self.selections,
             list(self.releases),
-            None if saved_trial is None else copy.deepcopy(saved_trial),
         )
+        saved_copy = None if saved_trial is None else copy.deepcopy(saved_trial)
         try:
             self.apply(event)
             return self.guarantee()
         finally:
             self._attempts, self._coverable, self._settled, self._trials_completed = saved[:4]
             self.selections, self.releases = saved[4], saved[5]
-            if saved_trial is None:
+            if saved_copy is None:
                 self.trials.pop(trial_id, None)
             else:
-                self.trials[trial_id] = saved[6]
+                self.trials[trial_id] = saved_copy
 
     def unfinished(self) -> dict[str, int]:
         """Accounted trials whose last attempt did not end its run, by why: ``{"live", "interrupted",
@@ -324,7 +335,9 @@ class SearchAccount:
         total = selection + charged * plan_curve if charged else selection
         adaptivity = None
         if mechanism.kind == "random_count" and mechanism.params["density_ratio"] > 1.0:
-            uniform = repeat_and_select(plan_curve, mechanism.law, generic=self.generic)
+            law = mechanism.law
+            assert law is not None  # a random_count mechanism always has its law
+            uniform = repeat_and_select(plan_curve, law, generic=self.generic)
             adaptivity = selection.epsilon(delta=self.delta) - uniform.epsilon(delta=self.delta)
         epsilon = total.epsilon(delta=self.delta)
         if mechanism.kind == "halving" and total.mechanism is not None:  # one DP-SGD run: its exact profile
@@ -340,6 +353,7 @@ class SearchAccount:
         )
 
     def _selection(self) -> tuple[RDPCurve, RDPCurve]:
+        assert self.plan is not None  # _compute returns before selecting while no plan is known
         key = (
             "selection",
             self.selections,
@@ -355,7 +369,8 @@ class SearchAccount:
             else:
                 selection = self.mechanism.selection_curve(plan_curve, selections=self.selections, generic=self.generic)
             self._cache[key] = (plan_curve, selection)
-        return self._cache[key]
+        cached: tuple[RDPCurve, RDPCurve] = self._cache[key]
+        return cached
 
     def _charge_overrun(self, trial_id: str, spent: Any) -> None:
         """Charges a halving trial for units it reports having run beyond its charge (it ran them); a spend
@@ -374,7 +389,7 @@ class SearchAccount:
         trial = self.trials.get(str(event.get("trial_id")))
         if self._budget is None or (trial is not None and not trial.accounted):
             return 0
-        last = None if trial is None else (trial.last, trial.attempts[-1]["units"])
+        last = None if trial is None else (trial.attempts[-1]["state"], trial.attempts[-1]["units"])
         return self._budget.units_added(event, last)
 
     def _plan_key(self) -> str | None:
@@ -387,6 +402,7 @@ class SearchAccount:
         self._count(trial, -1)
         trial.attempts.append({"state": state, "spent": None, "units": units})
         if units:
+            assert self._budget is not None  # units are charged only in a halving search (_units_added)
             self._budget.add(trial_id, units, bracket=bracket)
         if trial.accounted:
             self._attempts += 1

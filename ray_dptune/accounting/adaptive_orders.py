@@ -174,7 +174,8 @@ def _secant_lower_bound(xs: np.ndarray, fs: np.ndarray, grid: np.ndarray) -> np.
     right = cell + 2 < xs.size
     from_right = fs[cell[right] + 1] - (xs[cell[right] + 1] - grid[right]) * slopes[cell[right] + 1]
     lower[right] = np.maximum(lower[right], from_right)
-    return np.maximum(lower, 0.0)
+    bound: np.ndarray = np.maximum(lower, 0.0)
+    return bound
 
 
 def _probes(moments: np.ndarray, orders: np.ndarray, steps: int) -> np.ndarray:

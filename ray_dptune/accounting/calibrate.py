@@ -37,9 +37,12 @@ def search_epsilon(
     if (law is None) == (mechanism is None):
         raise ValueError("Give exactly one of law= (a random-count search) and mechanism= (any searcher's).")
     if mechanism is None:
+        assert law is not None  # exactly one of the two, checked above
         mechanism = SearchMechanism.random_count(law=law, num_trials=1, density_ratio=density_ratio)
     account = SearchAccount(mechanism, delta=delta, plan=plan.to_dict(), generic=generic)
-    return account.guarantee(extra_charges=retries).epsilon
+    epsilon = account.guarantee(extra_charges=retries).epsilon
+    assert epsilon is not None  # None only while an account has no plan; this one has
+    return epsilon
 
 
 def calibrate_noise_multiplier(
@@ -83,8 +86,15 @@ def calibrate_noise_multiplier(
     retries = validate.integer("retries", retries, minimum=0)
 
     def spent(sigma: float) -> float:
-        search = {"law": law, "density_ratio": density_ratio, "mechanism": mechanism, "generic": generic}
-        return search_epsilon(plan_for(sigma), delta=delta, retries=retries, **search)
+        return search_epsilon(
+            plan_for(sigma),
+            delta=delta,
+            retries=retries,
+            law=law,
+            density_ratio=density_ratio,
+            mechanism=mechanism,
+            generic=generic,
+        )
 
     low, high = 0.5, 1.0
     while spent(high) > epsilon:

@@ -121,7 +121,8 @@ class RunCountDistribution(abc.ABC):
 
     def pgf_derivative(self, x: Any) -> np.ndarray:
         """f'(x) = E[K x^(K-1)]."""
-        return np.exp(self.log_pgf_derivative(x))
+        derivative: np.ndarray = np.exp(self.log_pgf_derivative(x))
+        return derivative
 
     @property
     def prob_zero(self) -> float:
@@ -135,7 +136,7 @@ class RunCountDistribution(abc.ABC):
         independent uniform quantile; K = 0 counts as quantile 0.
         """
         integral, _ = integrate.quad(lambda x: float(self.pgf(x)), 0.0, 1.0, epsabs=1e-13, epsrel=1e-12, limit=200)
-        return 1.0 - integral
+        return 1.0 - float(integral)
 
     def success_probability(self, p: float) -> float:
         """1 - f(1 - p): the chance that at least one of the K runs succeeds.
@@ -147,7 +148,7 @@ class RunCountDistribution(abc.ABC):
         return float(1.0 - self.pgf(1.0 - p))
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.to_dict() == other.to_dict()  # type: ignore[union-attr]
+        return type(self) is type(other) and self.to_dict() == other.to_dict()
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.to_dict().items())))
@@ -370,7 +371,8 @@ class PointMass(RunCountDistribution):
 
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
         with np.errstate(divide="ignore"):
-            return math.log(self._k) + special.xlogy(self._k - 1, validate.unit_interval("x", x))
+            log_derivative: np.ndarray = math.log(self._k) + special.xlogy(self._k - 1, validate.unit_interval("x", x))
+            return log_derivative
 
     def expected_quantile(self) -> float:
         return self._k / (self._k + 1.0)

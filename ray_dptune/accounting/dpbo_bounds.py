@@ -157,7 +157,8 @@ def exponential_mechanism_probabilities(scores: np.ndarray, *, epsilon: float, s
         difference = s - s.max()
         logits = np.where(difference == 0.0, 0.0, difference * scale)  # the best keep 0 even for scale = inf
         p = np.exp(np.where(np.isnan(logits), 0.0, logits))  # NaN: -inf · 0 (scale underflowed): uniform
-    return p / p.sum()
+    probabilities: np.ndarray = p / p.sum()
+    return probabilities
 
 
 # ---------------------------------------------------------------------------- Algorithm 1

@@ -27,7 +27,7 @@ class Guarantee:
     reason: str | None = None
 
     def to_dict(self, *, with_curve: bool = True) -> dict[str, Any]:
-        record = {
+        record: dict[str, Any] = {
             "epsilon": self.epsilon,
             "delta": self.delta,
             "epsilon_selection": self.epsilon_selection,

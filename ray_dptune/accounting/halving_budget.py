@@ -61,7 +61,10 @@ class HalvingBudget:
             return validate.integer("units", event.get("units"), minimum=1)
         if kind == "started" and last is None:
             return self.max_t if event.get("accounted", True) else 0
-        return last[1] if kind == "started" and last[0] != "suggested" else 0
+        if kind != "started":
+            return 0
+        assert last is not None  # a new trial's start returned above
+        return last[1] if last[0] != "suggested" else 0
 
     def check(self, trial_id: str, units: int, *, bracket: int | None) -> None:
         """Raises PrivacyError when charging ``units`` would take the trial's bracket past its budget."""

@@ -56,11 +56,14 @@ def kernel_matrix(x: np.ndarray, y: np.ndarray, *, kernel: KernelName, lengthsca
             return np.exp(-sq / (2.0 * ell * ell))
         r = math.sqrt(5.0) * np.sqrt(sq) / ell
         value = (1.0 + r + r * r / 3.0) * np.exp(-r)
-    return np.where(np.isnan(value), 0.0, value)  # NaN only from inf · 0 at r >= 1e154, where the kernel is 0
+    # NaN only from inf · 0 at r >= 1e154, where the kernel is 0
+    gram: np.ndarray = np.where(np.isnan(value), 0.0, value)
+    return gram
 
 
 def _squared_distances(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.maximum(((x[:, None, :] - y[None, :, :]) ** 2).sum(-1), 0.0)
+    distances: np.ndarray = np.maximum(((x[:, None, :] - y[None, :, :]) ** 2).sum(-1), 0.0)
+    return distances
 
 
 def information_gain(kernel: np.ndarray, noise_variance: float) -> float:

@@ -11,6 +11,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import special
@@ -153,7 +154,7 @@ def gaussian_profile(*, noise_multiplier: float) -> DeltaProfile:
 
 
 @functools.lru_cache(maxsize=32)
-def _subsampled_gaussian_pld(sample_rate: float, noise_multiplier: float, steps: int, discretization: float):
+def _subsampled_gaussian_pld(sample_rate: float, noise_multiplier: float, steps: int, discretization: float) -> Any:
     from dp_accounting.pld import privacy_loss_distribution
 
     pld = privacy_loss_distribution.from_gaussian_mechanism(
@@ -195,12 +196,13 @@ def subsampled_gaussian_profile(
 
     def delta(epsilon: np.ndarray) -> np.ndarray:
         eps = np.atleast_1d(validate.not_nan("epsilon", epsilon))
-        return np.clip(pld_reading.hockey_stick_deltas(pld, eps), 0.0, 1.0).reshape(np.shape(epsilon))
+        deltas: np.ndarray = np.clip(pld_reading.hockey_stick_deltas(pld, eps), 0.0, 1.0).reshape(np.shape(epsilon))
+        return deltas
 
     return delta
 
 
-def _built_pld(sample_rate: float, noise_multiplier: float, steps: int, discretization: float):
+def _built_pld(sample_rate: float, noise_multiplier: float, steps: int, discretization: float) -> Any:
     """The cached PLD; running out of memory (too many steps) raises ValueError naming the arguments."""
     try:
         with np.errstate(all="ignore"):
@@ -299,7 +301,9 @@ class KnownMechanism:
             shift = math.sqrt(self.steps) / self.noise_multiplier
             with np.errstate(divide="ignore", invalid="ignore"):
                 exact = special.ndtr(special.ndtri(q) - shift)
-            return np.clip(exact * (1.0 - 1e-12), 0.0, q)  # rounding of ndtr/ndtri: towards the lower bound
+            # rounding of ndtr/ndtri: towards the lower bound
+            clipped: np.ndarray = np.clip(exact * (1.0 - 1e-12), 0.0, q)
+            return clipped
         eps = _PROFILE_EPSILONS
         deltas = self.profile()(eps) * (1.0 + 1e-12)
         bound = np.zeros_like(q)
@@ -318,7 +322,7 @@ def _profile_for(sample_rate: float, noise_multiplier: float, steps: int) -> Del
     )
 
 
-_DELTA_CACHE: dict[tuple, np.ndarray] = {}
+_DELTA_CACHE: dict[tuple[tuple[float, float, int], tuple[int, ...], bytes], np.ndarray] = {}
 
 
 def clear_profile_caches() -> None:

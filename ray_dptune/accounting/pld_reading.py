@@ -14,13 +14,15 @@ other kind of distribution is read by dp_accounting itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 MAX_EXP_ARGUMENT = float(np.log(np.finfo(float).max))
 """Above this ε, e^ε overflows: δ is read at this ε instead (δ is non-increasing in ε, so it bounds it)."""
 
 
-def hockey_stick_deltas(pld, epsilons: np.ndarray) -> np.ndarray:
+def hockey_stick_deltas(pld: Any, epsilons: np.ndarray) -> np.ndarray:
     """δ(ε) of ``pld`` (a dp_accounting ``PrivacyLossDistribution``) at every ε, both directions.
 
     ``epsilons``: a 1-D array in any order; the result has its shape. As dp_accounting,
@@ -31,10 +33,11 @@ def hockey_stick_deltas(pld, epsilons: np.ndarray) -> np.ndarray:
         directions = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
     except AttributeError:  # another layout of dp_accounting: its own reading
         directions = [pld]
-    return np.max([_direction_deltas(pmf, epsilons) for pmf in directions], axis=0)
+    deltas: np.ndarray = np.max([_direction_deltas(pmf, epsilons) for pmf in directions], axis=0)
+    return deltas
 
 
-def _direction_deltas(pmf, epsilons: np.ndarray) -> np.ndarray:
+def _direction_deltas(pmf: Any, epsilons: np.ndarray) -> np.ndarray:
     """One direction's δ(ε): the library's formula vectorised, or its own reading for anything but a dense PMF."""
     parts = _dense_parts(pmf)
     if parts is None:
@@ -47,10 +50,11 @@ def _direction_deltas(pmf, epsilons: np.ndarray) -> np.ndarray:
     upper = np.cumsum(np.concatenate([[infinity_mass], probs[::-1]]))
     lower = np.cumsum(np.concatenate([[0.0], (probs * np.exp(-losses))[::-1]]))
     in_tail = losses.size - np.searchsorted(losses, epsilons, side="right")  # losses strictly above ε
-    return upper[in_tail] - np.exp(epsilons) * lower[in_tail]
+    tail_deltas: np.ndarray = upper[in_tail] - np.exp(epsilons) * lower[in_tail]
+    return tail_deltas
 
 
-def _dense_parts(pmf) -> tuple[np.ndarray, np.ndarray, float] | None:
+def _dense_parts(pmf: Any) -> tuple[np.ndarray, np.ndarray, float] | None:
     """(losses, probabilities, mass at +∞) of a dense PMF, in ascending loss; None for any other PMF."""
     try:
         offset, step, probs, infinity_mass = pmf._lower_loss, pmf._discretization, pmf._probs, pmf._infinity_mass

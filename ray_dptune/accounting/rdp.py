@@ -240,7 +240,8 @@ class RDPCurve:
             log_kl = 0.5 * np.log(-np.expm1(-r))
             log_delta = np.where(np.isnan(log_delta), np.inf, log_delta)
             best = np.minimum(log_delta.min(axis=1), np.min(log_kl, axis=1))
-            return np.minimum(np.exp(best) * (1.0 + _ROUNDING_MARGIN), 1.0)
+            deltas: np.ndarray = np.minimum(np.exp(best) * (1.0 + _ROUNDING_MARGIN), 1.0)
+            return deltas
 
     # ------------------------------------------------------------------ records
     def to_dict(self) -> dict[str, Any]:

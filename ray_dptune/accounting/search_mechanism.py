@@ -104,9 +104,11 @@ class SearchMechanism:
         if self.kind == "halving":
             raise ValueError("A halving search's curve is its budget of plan units: read it from SearchAccount.")
         if self.kind == "random_count":
+            law = self.law
+            assert law is not None  # a random_count mechanism always has its law
             return repeat_and_select(
                 plan,
-                self.law,
+                law,
                 density_ratio=self.params["density_ratio"],
                 upper=self.params.get("upper"),
                 generic=generic,

@@ -67,6 +67,7 @@ class TrialSpend:
             sample_rate=self.sample_rate, noise_multiplier=self.noise_multiplier, steps=self.steps, orders=orders
         )
         if self.score_releases:
+            assert self.score_noise_multiplier is not None  # __post_init__ refuses releases without it
             curve = curve + self.score_releases * RDPCurve.gaussian(
                 noise_multiplier=self.score_noise_multiplier, orders=curve.orders
             )
@@ -165,7 +166,7 @@ def parse_report(record: Any) -> TrialSpend | RDPCurve:
     )
 
 
-def read_trial_reports(result: dict, *, trial_id: str, keys: tuple[str, ...]) -> tuple[Any, ...]:
+def read_trial_reports(result: dict[str, Any], *, trial_id: str, keys: tuple[str, ...]) -> tuple[Any, ...]:
     """The records under ``keys`` of a trial's result (its plan and its spend), each validated.
 
     Raises:

@@ -50,7 +50,7 @@ DURABLE_EVENTS = frozenset({"suggested", "started", "charged", "restored", "sele
 class SearchJournal:
     """The journal file at ``path`` (created on first write)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self._store = SQLiteStore(
             path, kind="privacy journal", version=_VERSION, schema=_SCHEMA, tables=("search", "events")
         )
@@ -175,7 +175,7 @@ def journal_location(trial: Any) -> str | None:
     return os.path.join(storage.experiment_fs_path, JOURNAL_FILE)
 
 
-def journal_summary(path: str | os.PathLike) -> dict[str, Any]:
+def journal_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What a journal proves a search spent, as a new driver would see it: every live attempt charged.
 
     Args:
@@ -195,6 +195,7 @@ def journal_summary(path: str | os.PathLike) -> dict[str, Any]:
         account = journal.account()
     finally:
         journal.close()
+    assert search is not None  # account() refuses a journal without a search record
     account.restored()  # read-only: the journal itself is not written
     states: dict[str, int] = {}
     for trial in account.trials.values():

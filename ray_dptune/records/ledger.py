@@ -88,7 +88,7 @@ class PrivacyLedger:
         PrivacyError: the file is empty, corrupt, not a ledger or of another schema version.
     """
 
-    def __init__(self, path: str | os.PathLike, *, timeout: float = 30.0):
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0):
         self.path = os.fspath(path)
         self._store = SQLiteStore(
             self.path,
@@ -293,7 +293,7 @@ class LedgerEntry:
 
     def __init__(self, ledger: PrivacyLedger, *, search_id: str, dataset: str, searcher: str):
         self.ledger, self.search_id, self.dataset, self._searcher = ledger, search_id, dataset, searcher
-        self._recorded: tuple | None = None  # what the last record charged
+        self._recorded: tuple[Any, ...] | None = None  # what the last record charged
 
     def check_dataset(self) -> None:
         """Raises PrivacyError if the search was recorded on another dataset (a restore on the wrong data)."""
@@ -433,7 +433,8 @@ def _own_epsilon(row: Mapping[str, Any], curve: RDPCurve | None, delta: float) -
     )
     summary = json.loads(row["summary"])
     if summary.get("delta") == delta and summary.get("epsilon") is not None:
-        return min(derived, summary["epsilon"])  # two valid bounds: the account's may hold a tightening the curve lacks
+        own: float = summary["epsilon"]
+        return min(derived, own)  # two valid bounds: the account's may hold a tightening the curve lacks
     return derived
 
 

@@ -188,7 +188,7 @@ def _versions() -> dict[str, str | None]:
     return versions
 
 
-def score_privacy(plan: dict | None) -> str:
+def score_privacy(plan: dict[str, Any] | None) -> str:
     """What the reported scores' privacy is, read from the plan."""
     if plan is None or plan.get("kind") != "dpsgd":
         return "unknown: the trainable reported a bare RDP curve"
@@ -215,7 +215,7 @@ def write_report(filesystem: Any, path: str, report: PrivacyReport) -> None:
     filesystem.move(temporary, path)
 
 
-def write_search_report(report: PrivacyReport, *, report_path: str | None, trials: list) -> str | None:
+def write_search_report(report: PrivacyReport, *, report_path: str | None, trials: list[Any]) -> str | None:
     """Writes ``report`` to ``report_path`` or the experiment's storage (local or shared); returns where.
 
     With K = 0 no trial exists to locate the experiment's storage; the report then goes
@@ -255,6 +255,7 @@ def read_report(filesystem: Any, path: str) -> PrivacyReport:
 def _read(filesystem: Any, path: str) -> dict[str, Any] | None:
     try:
         with filesystem.open_input_stream(path) as stream:
-            return json.loads(stream.read())
+            record: dict[str, Any] = json.loads(stream.read())
+            return record
     except FileNotFoundError:
         return None

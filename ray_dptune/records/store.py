@@ -15,6 +15,7 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from ray_dptune.errors import PrivacyError
 
@@ -39,7 +40,7 @@ class SQLiteStore:
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         *,
         kind: str,
         version: int,
@@ -55,7 +56,7 @@ class SQLiteStore:
         self._timeout = timeout
         self._db: sqlite3.Connection | None = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_db": None}  # connections do not pickle
 
     # ------------------------------------------------------------------ opening
