@@ -1,8 +1,40 @@
-"""Shared fixtures: one local Ray session for every test that needs Ray."""
+"""Shared fixtures and the test tiers.
+
+- One local Ray session (``ray_session``) for every test that needs Ray; the tests that need a
+  cluster of their own or a driver process of their own say why in their module.
+- ``pytest -m fast``: every test that needs no Ray session, no heavy fixture and is not marked
+  ``slow`` (decided per test, not per file); the modules in ``NO_FAST_TESTS`` are not even
+  imported then, so that the tier starts without Ray or torch.
+- ``pytest --exhaustive``: also the exhaustive grids (tests marked ``exhaustive``: the whole
+  exact-audit grid of tests/test_exact_audit.py); the default run audits a seeded subset of them.
+"""
 
 import os
 
 import pytest
+
+HEAVY_FIXTURES = {"ray_session"}
+"""A test that uses one of these is not in the fast tier (nor is one marked ``slow`` or ``exhaustive``)."""
+
+NO_FAST_TESTS = {
+    "test_budget_cap.py",
+    "test_multinode.py",
+    "test_multiworker.py",
+}
+"""Modules with no fast test: ``-m fast`` does not import them (a full run checks that they have none)."""
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--exhaustive",
+        action="store_true",
+        default=False,
+        help="also run the exhaustive grids (tests marked exhaustive: the whole exact-audit grid, minutes)",
+    )
+
+
+def _exhaustive(config) -> bool:
+    return config.getoption("exhaustive") or "exhaustive" in (config.getoption("markexpr", "") or "")
 
 
 @pytest.fixture(scope="session")
@@ -35,37 +67,41 @@ def durable_syncs(monkeypatch):
     return synced
 
 
-FAST_MODULES = {
-    "test_rdp.py",
-    "test_selection.py",
-    "test_pld_reading.py",
-    "test_dphypo_bound.py",
-    "test_distributions.py",
-    "test_projection.py",
-    "test_ledger.py",
-    "test_callback_unit.py",
-    "test_callback_protocol.py",
-    "test_imports.py",
-    "test_journal.py",
-    "test_fuzz.py",
-    "test_codebase.py",
-    "test_searcher_contract.py",
-}
-"""Pure-math and bookkeeping modules: ``pytest -m fast`` runs their tests not marked slow, in seconds."""
-
-
 def pytest_ignore_collect(collection_path, config):
-    """``-m fast`` alone does not import the modules that need Ray or torch (collection is most of its time)."""
-    if config.getoption("markexpr", "") == "fast" and collection_path.suffix == ".py":
-        return collection_path.name.startswith("test_") and collection_path.name not in FAST_MODULES
+    """``-m fast`` alone does not import the modules without a fast test (most of them need Ray or torch)."""
+    if (config.getoption("markexpr", "") or "").strip() == "fast" and collection_path.suffix == ".py":
+        return collection_path.name in NO_FAST_TESTS or None
     return None
 
 
+def is_fast(item) -> bool:
+    """Fast: no Ray session or other heavy fixture, and not marked slow or exhaustive."""
+    if any(item.get_closest_marker(name) for name in ("slow", "exhaustive")):
+        return False
+    return not HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Marks the fast tests; orders math first, then the multi-node tests (own clusters), then the shared Ray session's."""
+    """Marks the fast tests, skips the exhaustive grids unless asked, and orders the run.
+
+    Order: the tests without Ray first, then the multi-node tests (clusters of their own), then
+    the shared Ray session's (so that it starts once, after the clusters are gone).
+    """
+    exhaustive = _exhaustive(config)
+    skip = pytest.mark.skip(reason="exhaustive grid: run with --exhaustive (tests/conftest.py)")
+    misplaced = []
     for item in items:
-        if item.path.name in FAST_MODULES and item.get_closest_marker("slow") is None:
+        if item.get_closest_marker("exhaustive") is not None and not exhaustive:
+            item.add_marker(skip)
+        if is_fast(item):
             item.add_marker(pytest.mark.fast)
+            if item.path.name in NO_FAST_TESTS:
+                misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            f"{', '.join(misplaced[:5])} would be fast, but `-m fast` skips its module: mark it slow, "
+            "or take the module out of NO_FAST_TESTS in tests/conftest.py"
+        )
 
     def rank(item):
         if "ray_session" in getattr(item, "fixturenames", ()):

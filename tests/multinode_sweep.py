@@ -1,14 +1,16 @@
-"""A private sweep on a simulated 3-node Ray cluster, optionally losing a node mid-trial.
+"""Private sweeps on one simulated 3-node Ray cluster: calm, interrupted and restored, then losing a node.
 
-Run by tests/test_multinode.py in its own process (it needs its own Ray cluster,
-apart from the tests' shared local session). Prints one JSON line: K, trials,
-per-trial attempts, the guarantee, and the node ids trials ran on.
+Run by tests/test_multinode.py in its own process (it needs its own Ray cluster, apart
+from the tests' shared local session). The cluster is started once and the scenarios
+run on it one after the other, each into its own folder: ``calm`` (no failure),
+``interrupt`` (the driver gets SIGINT once two trials have finished: Tune saves its
+state and returns, as when a user presses Ctrl-C; the experiment is then restored with
+``tune.Tuner.restore`` on the same cluster and finished) and ``kill-node`` (the node of
+the first trial to start is removed mid-trial; last, since it takes a node away).
+Prints one JSON line per scenario: its name, K, trials, per-trial attempts, the
+guarantee, and the node ids trials ran on.
 
-    python tests/multinode_sweep.py OUT_DIR [--kill-node | --interrupt]
-
---interrupt sends the driver SIGINT once two trials have finished (Tune saves its state
-and returns, as when a user presses Ctrl-C), then restores the experiment with
-``tune.Tuner.restore`` on the same cluster and finishes it.
+    python tests/multinode_sweep.py OUT_DIR [SCENARIO ...]   (default: calm interrupt kill-node)
 """
 
 from __future__ import annotations
@@ -68,15 +70,14 @@ def interrupt_after_two_trials(markers: Path, done: threading.Event) -> None:
         time.sleep(0.05)
 
 
-def main(out_dir: str, kill_node: bool, interrupt: bool) -> None:
-    out = Path(out_dir)
+SCENARIOS = ("calm", "interrupt", "kill-node")
+
+
+def sweep(cluster: Cluster, workers: list, out: Path, scenario: str) -> dict:
+    """One private sweep of K = 4 on the running cluster, into ``out``; what the test checks."""
+    kill_node, interrupt = scenario == "kill-node", scenario == "interrupt"
     markers = out / "markers"
     markers.mkdir(parents=True)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-
     searcher = RandomCountSearcher(PointMass(4), metric="score", mode="max", seed=0)
     callback = PrivacyAccountantCallback(searcher, delta=1e-5, plan=PLAN, verbose=False)
     tuner = tune.Tuner(
@@ -92,10 +93,8 @@ def main(out_dir: str, kill_node: bool, interrupt: bool) -> None:
         ),
     )
     done = threading.Event()
-    killer = None
     if kill_node:
-        killer = threading.Thread(target=kill_first_busy_worker, args=(cluster, workers, markers, done), daemon=True)
-        killer.start()
+        threading.Thread(target=kill_first_busy_worker, args=(cluster, workers, markers, done), daemon=True).start()
     if interrupt:
         threading.Thread(target=interrupt_after_two_trials, args=(markers, done), daemon=True).start()
     results = tuner.fit()
@@ -109,25 +108,34 @@ def main(out_dir: str, kill_node: bool, interrupt: bool) -> None:
             report = json.load(file)
     else:
         report = callback.report().to_dict()
-    print(
-        json.dumps(
-            {
-                "num_trials": searcher.num_trials,
-                "results": len(results),
-                "errors": [str(r.error) for r in results if r.error],
-                "attempts": {tid: [a["state"] for a in t["attempts"]] for tid, t in report["trials"].items()},
-                "epsilon": report["guarantee"]["epsilon"],
-                "nodes": sorted({r.metrics.get("node") for r in results if r.metrics}),
-                "killed": (out / "killed").read_text() if (out / "killed").exists() else None,
-                "interrupted_with": interrupted_with,
-                "starts": len([m for m in markers.iterdir() if not m.name.startswith("finished-")]),
-            }
-        )
-    )
+    return {
+        "scenario": scenario,
+        "num_trials": searcher.num_trials,
+        "results": len(results),
+        "errors": [str(r.error) for r in results if r.error],
+        "attempts": {tid: [a["state"] for a in t["attempts"]] for tid, t in report["trials"].items()},
+        "epsilon": report["guarantee"]["epsilon"],
+        "nodes": sorted({r.metrics.get("node") for r in results if r.metrics}),
+        "killed": (out / "killed").read_text() if (out / "killed").exists() else None,
+        "interrupted_with": interrupted_with,
+        "starts": len([m for m in markers.iterdir() if not m.name.startswith("finished-")]),
+    }
+
+
+def main(out_dir: str, scenarios: list[str]) -> None:
+    unknown = sorted(set(scenarios) - set(SCENARIOS))
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {unknown}: choose from {list(SCENARIOS)}")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    for scenario in sorted(scenarios, key=SCENARIOS.index):  # the node loss last: it takes a node away
+        print(json.dumps(sweep(cluster, workers, Path(out_dir) / scenario, scenario)), flush=True)
     ray.shutdown()
     cluster.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--kill-node" in sys.argv[2:], "--interrupt" in sys.argv[2:])
+    main(sys.argv[1], sys.argv[2:] or list(SCENARIOS))
     os._exit(0)  # Ray's background threads can keep a finished driver alive

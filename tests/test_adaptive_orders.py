@@ -72,6 +72,7 @@ def test_computed_orders_equal_dp_accountings_and_the_rest_lie_on_chords(monkeyp
     np.testing.assert_allclose(curve.at(between), np.minimum(chord, between / (2 * 1.1**2)), rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("q, sigma, steps", SETTINGS)
 def test_as_tight_as_every_order_computed(q, sigma, steps):
     """ε(δ), and the selection bounds built on the curve, within 1e-4 of computing all 241 orders."""

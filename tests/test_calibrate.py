@@ -67,6 +67,7 @@ def dpsgd(q: float, steps: int, **scores):
     return lambda sigma: TrialSpend(sample_rate=q, noise_multiplier=sigma, steps=steps, **scores)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("law", [Poisson(8.0), TruncatedNegativeBinomial.from_mean(0.5, 8.0), PointMass(1)], ids=repr)
 def test_calibration_meets_the_target_on_the_safe_side(law):
     target, delta, plan_for = 3.0, 1e-5, dpsgd(64 / 1437, 336)
@@ -75,6 +76,7 @@ def test_calibration_meets_the_target_on_the_safe_side(law):
     assert search_epsilon(plan_for(sigma * (1 - 2e-3)), law=law, delta=delta) > target
 
 
+@pytest.mark.slow
 def test_calibration_with_a_mechanism_equals_the_law_it_declares():
     law, plan_for = TruncatedNegativeBinomial.from_mean(1.0, 8.0), dpsgd(0.02, 200)
     mechanism = SearchMechanism.random_count(law=law, num_trials=5, density_ratio=2.0)
@@ -84,6 +86,7 @@ def test_calibration_with_a_mechanism_equals_the_law_it_declares():
     assert by_law > calibrate_noise_multiplier(plan_for, epsilon=4.0, delta=1e-6, law=law)  # adaptivity costs noise
 
 
+@pytest.mark.slow
 def test_calibration_matches_the_anchor_and_opacus_for_one_run():
     """ANCHORS: total ε = 3 over Poisson(8) trials needs σ ≈ 2.49 (dp_accounting's bound)."""
     sigma = calibrate_noise_multiplier(dpsgd(64 / 1437, 336), epsilon=3.0, delta=1e-5, law=Poisson(8.0))
@@ -97,6 +100,7 @@ def test_calibration_matches_the_anchor_and_opacus_for_one_run():
     assert ours == pytest.approx(theirs, rel=0.05)
 
 
+@pytest.mark.slow
 def test_unreachable_target_or_bad_input_raises_before_any_search():
     noisy_scores = dpsgd(0.01, 100, score_noise_multiplier=0.5, score_releases=10)
     with pytest.raises(PrivacyError, match="score releases"):
@@ -111,6 +115,7 @@ def test_unreachable_target_or_bad_input_raises_before_any_search():
         calibrate_noise_multiplier(2.0, epsilon=1.0, delta=1e-5, law=Poisson(8.0))
 
 
+@pytest.mark.slow
 def test_a_dpsgd_plan_covers_only_what_its_exact_tradeoff_provably_bounds():
     """The bounds use the plan's exact profile; RDP domination alone does not imply it."""
     plan = TrialSpend(sample_rate=0.01, noise_multiplier=1.0, steps=100)
@@ -118,11 +123,11 @@ def test_a_dpsgd_plan_covers_only_what_its_exact_tradeoff_provably_bounds():
     larger_rate = TrialSpend(sample_rate=0.02, noise_multiplier=2.0, steps=100)
     assert plan.curve().dominates(larger_rate.curve()) and not plan.covers(larger_rate)
     # A pure-DP trial (randomized response) whose RDP the plan dominates, yet whose δ(0) is larger.
-    orders = plan.curve().orders
+    curve = plan.curve()  # computed once: the plan's RDP curve is a value
     pure = max(
-        e for e in np.linspace(1e-3, 1.0, 1000) if plan.curve().dominates(RDPCurve.pure(epsilon=e, orders=orders))
+        e for e in np.linspace(1e-3, 1.0, 1000) if curve.dominates(RDPCurve.pure(epsilon=e, orders=curve.orders))
     )
-    response = RDPCurve.pure(epsilon=pure, orders=orders)
+    response = RDPCurve.pure(epsilon=pure, orders=curve.orders)
     plan_delta_at_zero = float(
         subsampled_gaussian_profile(sample_rate=0.01, noise_multiplier=1.0, steps=100)(np.array([0.0]))[0]
     )

@@ -161,6 +161,7 @@ def test_repeated_law_is_listed_once(capsys: pytest.CaptureFixture[str]) -> None
     assert [row["law"] for row in report["rows"]] == ["tnb:0.5", "poisson"]
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "f.png"
     assert main(["plan", "--zcdp", "0.1", "--law", "poisson", "--law", "logarithmic", "--plot", str(path)]) == 0
@@ -225,6 +226,7 @@ def search_account(sigma: float, law: object) -> SearchAccount:
     return SearchAccount(mechanism, delta=1e-5, plan=digits_plan(sigma).to_dict())
 
 
+@pytest.mark.slow
 def test_calibrate_sigma_is_the_library_s_and_meets_the_target(capsys: pytest.CaptureFixture[str]) -> None:
     report = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_RATE_ARGS)
     sigma = calibrate_noise_multiplier(digits_plan, epsilon=3.0, delta=1e-5, law=Poisson(8))
@@ -242,6 +244,7 @@ def test_calibrate_sigma_is_the_library_s_and_meets_the_target(capsys: pytest.Ca
     assert (report["epsilon_target"], report["delta"], report["retries"]) == (3.0, 1e-5, 0)
 
 
+@pytest.mark.slow
 def test_calibrate_table_prints_the_exact_sigma(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", *TARGET_ARGS, *DIGITS_RATE_ARGS]) == 0
     out = capsys.readouterr().out
@@ -257,6 +260,7 @@ def test_calibrate_table_prints_the_exact_sigma(capsys: pytest.CaptureFixture[st
     assert "ε = 3, δ = 1e-05" in out and "K ~ poisson with E[K] = 8" in out and "0 retries reserved" in out
 
 
+@pytest.mark.slow
 def test_calibrate_retries_reserve_headroom(capsys: pytest.CaptureFixture[str]) -> None:
     plain = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_RATE_ARGS)
     report = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_RATE_ARGS, "--retries", "2")
@@ -272,6 +276,7 @@ def test_calibrate_retries_reserve_headroom(capsys: pytest.CaptureFixture[str]) 
     assert "2 retries reserved" in out and "ε whole search, 2 retries used" in out
 
 
+@pytest.mark.slow
 def test_calibrate_training_form_is_dp_trainable_s_schedule(capsys: pytest.CaptureFixture[str]) -> None:
     from ray_dptune.training.plan import PrivacyParams, trial_plan
 
@@ -292,6 +297,7 @@ def test_calibrate_training_form_is_dp_trainable_s_schedule(capsys: pytest.Captu
     assert "198 steps (9 epochs of batch 64 from 1437 examples)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_calibrate_other_laws(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "500"]
 
@@ -400,6 +406,7 @@ def test_calibrate_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -
         assert option in out
 
 
+@pytest.mark.slow
 def test_cli_module_does_not_import_ray_or_torch() -> None:
     code = "import sys, ray_dptune.cli.main; print(any(m.split('.')[0] in ('ray', 'torch') for m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -416,6 +423,7 @@ def _console_script() -> str:
     return found
 
 
+@pytest.mark.slow
 def test_console_script_runs() -> None:
     result = subprocess.run(
         [_console_script(), "plan", "--zcdp", "0.1", "--mean", "10"],
@@ -429,6 +437,7 @@ def test_console_script_runs() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ray_dptune.cli.main", "plan", "--zcdp", "0.1", "--law", "geometric", "--json"],
@@ -441,6 +450,7 @@ def test_python_dash_m_runs() -> None:
     assert json.loads(result.stdout)["rows"][0]["law"] == "geometric"
 
 
+@pytest.mark.slow
 def test_console_script_usage_error_exit_status() -> None:
     result = subprocess.run(
         [_console_script(), "plan", "--zcdp", "0.1", "--law", "nonsense"],

@@ -113,6 +113,7 @@ def quantile_optimizer(nu=1.0, sigma_b=2.0, clip=1.0, batch=4, eta=0.2, gamma=0.
     return weight, optimizer
 
 
+@pytest.mark.slow
 def test_quantile_split_composes_to_one_gaussian_at_nu(monkeypatch):
     """Theorem 1 (Andrew et al.): Gaussian(σ_g) on the gradient ∘ count of sensitivity ½ with std σ_b = Gaussian(ν)."""
     drawn = []
@@ -196,6 +197,7 @@ def test_quantile_update_divides_by_the_expected_batch_size(monkeypatch):
     assert optimizer.max_grad_norm == pytest.approx(math.exp(-0.2 * (0.875 - 0.5)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["quantile", "oso"])
 def test_adaptive_modes_report_plain_dpsgd_plan(tmp_path, digits, mode):
     _, fixed = run(tmp_path / "fixed", digits, HYPER)
@@ -205,6 +207,7 @@ def test_adaptive_modes_report_plain_dpsgd_plan(tmp_path, digits, mode):
     assert [m["dp_spent"] for m in adaptive.metrics] == [m["dp_spent"] for m in fixed.metrics]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["quantile", "oso"])
 def test_adaptive_modes_agree_across_per_sample_gradient_modes(tmp_path, digits, mode):
     """Empty Poisson batches (20 examples, q = 1/20: ~7 of 20): hooks sees none, ew a zero placeholder.
@@ -226,6 +229,7 @@ def test_adaptive_modes_agree_across_per_sample_gradient_modes(tmp_path, digits,
 
 
 # ---------------------------------------------------------------------------- restore
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["quantile", "oso"])
 def test_restore_continues_the_adaptive_sequence(tmp_path, digits, mode):
     config = {**HYPER, "clipping": mode, "oso_rho_c": 0.05, "oso_rho_r": 0.05}
@@ -242,6 +246,7 @@ def test_restore_continues_the_adaptive_sequence(tmp_path, digits, mode):
     torch.testing.assert_close(again.optimizer_state, last.optimizer_state, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_restore_refuses_another_clipping_mode(tmp_path, digits):
     _, oso = run(tmp_path / "oso", digits, {**HYPER, "clipping": "oso"}, epochs=2)
     with pytest.raises(ValueError, match="clipping='oso'"):

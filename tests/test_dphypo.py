@@ -64,6 +64,7 @@ def cell_of(config, m):
 
 
 # ---------------------------------------------------------------------------- the bounded law
+@pytest.mark.slow
 def test_law_of_the_next_draw_is_within_bounds_and_suggestions_follow_it():
     searcher = DPHyPOSearcher(PointMass(30_000), "score", "max", SPACE, upper=C, lower=c, candidates=100, seed=3)
     feed(searcher, 12)
@@ -79,6 +80,7 @@ def test_law_of_the_next_draw_is_within_bounds_and_suggestions_follow_it():
     assert stats.chisquare(counts, draws * q / q.sum()).pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_c_equals_one_is_uniform_random_search():
     space = {"x": tune.uniform(0.0, 1.0), "lr": tune.loguniform(1e-4, 1.0), "act": tune.choice(["relu", "tanh"])}
     ours = DPHyPOSearcher(PointMass(3000), "score", "max", space, upper=1.0, lower=1.0, seed=1)
@@ -149,6 +151,7 @@ def test_peaked_softmax_still_passes_the_exact_check():
         assert np.all(q >= c * prior) and np.all(q <= C * prior)
 
 
+@pytest.mark.slow
 def test_mode_min_favours_low_scores():
     searcher = DPHyPOSearcher(PointMass(50), "loss", "min", SPACE, upper=C, lower=c, candidates=400, seed=0)
     for i in range(15):
@@ -199,6 +202,7 @@ def test_a_law_outside_the_bounds_is_never_drawn(monkeypatch):
         sampler.draw(sampler.prior * 1.001)  # not a probability vector
 
 
+@pytest.mark.slow
 def test_cells_partition_the_space():
     rng = np.random.default_rng(0)
     two = build_cells({"a": tune.uniform(0, 1), "b": tune.uniform(0, 1), "g": tune.grid_search([1, 2, 3])}, rng)
@@ -239,6 +243,7 @@ def test_law_and_bound_validation():
     assert (with_space.metric, with_space.mode) == ("loss", "min")  # but takes Tune's metric and mode
 
 
+@pytest.mark.slow
 def test_t_is_drawn_once_and_restored_with_the_whole_state(tmp_path):
     law = TruncatedNegativeBinomial.from_mean(eta=1.0, mean=20)
     seed = next(s for s in range(100) if DPHyPOSearcher(law, seed=s).num_trials >= 10)

@@ -22,7 +22,7 @@ from ray_dptune.accounting.account import SearchAccount
 
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+RAY = pytest.mark.usefixtures("ray_session")  # the drivers connect to the shared session
 
 DRIVER = os.path.join(os.path.dirname(__file__), "kill_driver.py")
 sys.path.insert(0, os.path.dirname(__file__))
@@ -131,6 +131,7 @@ ASHA_KILLS = {
 }
 
 
+@RAY
 @pytest.mark.parametrize("kills", list(ASHA_KILLS.values()), ids=list(ASHA_KILLS))
 def test_a_killed_private_asha_search_never_under_counts_a_unit(tmp_path, kills):
     """Every time unit the side file saw run was charged to its trial before it ran, across kills."""
@@ -162,6 +163,7 @@ KILL_PLANS = {
 }
 
 
+@RAY
 @pytest.mark.parametrize("kills", list(KILL_PLANS.values()), ids=list(KILL_PLANS))
 def test_a_killed_driver_never_under_counts(tmp_path, kills):
     report, starts, killed = drive(tmp_path, "search", kills)
@@ -176,6 +178,7 @@ def test_a_killed_driver_never_under_counts(tmp_path, kills):
     assert 1 <= report["restores"] <= killed
 
 
+@RAY
 def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
     from ray_dptune.records.ledger import PrivacyLedger
 
@@ -192,6 +195,7 @@ def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
         assert total == pytest.approx(report["guarantee"]["epsilon"], rel=1e-9)
 
 
+@RAY
 def test_an_adaptive_dp_hypo_search_killed_mid_report_never_under_counts(tmp_path):
     kills = [["--kill", "result:2"], ["--kill", "start:1"]]
     report, starts, killed = drive(tmp_path, "adaptive", kills, extra=["--dphypo"])
@@ -203,6 +207,7 @@ def test_an_adaptive_dp_hypo_search_killed_mid_report_never_under_counts(tmp_pat
     audit(report, starts, k=3)
 
 
+@RAY
 def test_with_the_real_dp_trainable(tmp_path):
     """Opacus DP-SGD on digits, killed mid-report: the restored report charges the lost attempt."""
     report, starts, killed = drive(tmp_path, "digits", [["--kill", "result:1"]], k=2, extra=["--digits"])
@@ -217,6 +222,7 @@ def test_with_the_real_dp_trainable(tmp_path):
     assert len(starts) > 2 or report["guarantee"]["charged_attempts"] >= 1
 
 
+@RAY
 def test_a_new_search_into_a_used_folder_is_refused_and_the_first_report_kept(tmp_path):
     report, _, _ = drive(tmp_path, "once", [])
     before = (tmp_path / "once" / "privacy_report.json").read_bytes()

@@ -149,6 +149,7 @@ def dp_update(model: nn.Module, mode: str, inputs, targets, *, noise_multiplier:
     return [b - p.detach() for b, p in zip(before, gsm._module.parameters())]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise_multiplier", [0.0, 1.0])
 @pytest.mark.parametrize("clipping", ["fixed", "quantile"])  # ghost, and ew (oso's choice too)
 def test_chosen_mode_takes_the_same_dp_step_as_hooks(noise_multiplier, clipping):

@@ -68,6 +68,7 @@ def test_spend_is_what_opacus_accountant_saw_and_matches_its_epsilon():
     assert TrialSpend.from_dict(report[SPENT_KEY]) == spent and TrialSpend.from_dict(report[PLAN_KEY]) == spend.plan
 
 
+@pytest.mark.slow
 def test_a_noise_change_mid_run_is_composed_as_it_ran():
     engine, model, optimizer, loader = make_private()
     spend = OpacusSpend(engine, optimizer, loader, steps=40)

@@ -191,6 +191,7 @@ def test_negative_rate_is_refused():
 
 
 # ---------------------------------------------------------------------------- the trainable
+@pytest.mark.slow
 def test_oso_trial_reports_plain_dpsgd_plan(tmp_path):
     digits = digits_data()
     trainable = dp_trainable(digits_cnn, lambda config: digits, noise_multiplier=1.2, batch_size=64, epochs=1, seed=0)

@@ -109,6 +109,7 @@ def test_invalid_partitions_raise(tmp_path, digits, value):
 
 
 # ---------------------------------------------------------------------------- plans
+@pytest.mark.slow
 def test_private_part_plans_at_its_own_size(tmp_path, digits):
     size = int(part_sizes(digits[0], 3)[1])
     spent, reports = run(tmp_path, digits, {"index": 1, "count": 3})
@@ -119,6 +120,7 @@ def test_private_part_plans_at_its_own_size(tmp_path, digits):
     assert trainable.privacy_plan({**HYPER, "dp_partition": {"index": 1, "count": 3}}) == expected
 
 
+@pytest.mark.slow
 def test_space_plan_covers_every_part(digits):
     count = 2
     trainable = dp_trainable(digits_cnn, digits_data, noise_multiplier=1.0, batch_size=64, epochs=2)
@@ -146,6 +148,7 @@ def test_space_plan_refuses_non_private_parts_and_a_given_size():
 
 
 # ---------------------------------------------------------------------------- non-private parts
+@pytest.mark.slow
 def test_non_private_part_trains_plain_sgd_and_reports_no_plan(tmp_path, digits, monkeypatch):
     wrapped = []
     monkeypatch.setattr(GradSampleModule, "__init__", lambda *args, **kwargs: wrapped.append(1))
@@ -164,6 +167,7 @@ def test_non_private_part_trains_plain_sgd_and_reports_no_plan(tmp_path, digits,
     assert TrainState.load(reports.checkpoints[0]).plan is None
 
 
+@pytest.mark.slow
 def test_non_private_part_restores(tmp_path, digits):
     partition = {"index": 0, "count": 2, "private": False}
     _, full = run(tmp_path / "full", digits, partition, epochs=2)

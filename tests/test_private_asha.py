@@ -75,6 +75,7 @@ def charge(account, event):
     account.apply(event)
 
 
+@pytest.mark.slow
 def test_the_guarantee_is_one_dp_sgd_run_of_the_budgets_steps():
     account = halving_account(budget_units=9)
     one_run = TrialSpend(sample_rate=0.05, noise_multiplier=1.2, steps=9 * 20).curve()
@@ -86,6 +87,7 @@ def test_the_guarantee_is_one_dp_sgd_run_of_the_budgets_steps():
     assert account.guarantee().epsilon <= three_trials.epsilon(delta=DELTA) + 1e-12
 
 
+@pytest.mark.slow
 def test_an_independent_accountant_agrees_on_the_budget():
     dp_accounting = pytest.importorskip("dp_accounting")
     account = halving_account(budget_units=9)
@@ -178,6 +180,7 @@ def test_a_trial_that_ran_past_its_charge_is_charged_what_it_ran_even_past_the_b
     assert account.units_of("b") == MAX_T
 
 
+@pytest.mark.slow
 def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it_stops_the_run(
     tmp_path, monkeypatch, request
 ):
@@ -209,6 +212,7 @@ def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it
     assert replayed.guarantee().epsilon > paid
 
 
+@pytest.mark.slow
 def test_a_spend_no_number_of_units_covers_is_composed_whole_into_the_brackets_run():
     """A trial that ran at a smaller σ than the plan's: its whole run is added to the budget's."""
     account = SearchAccount(SearchMechanism.halving(budget_units=6, max_t=MAX_T), delta=DELTA, plan=PLAN.to_dict())

@@ -33,7 +33,7 @@ from ray_dptune.records.journal import JOURNAL_FILE
 from ray_dptune.records.report import REPORT_FILE, PrivacyReport
 from ray_dptune.search.dphypo import DPHyPOSearcher
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+RAY = pytest.mark.usefixtures("ray_session")  # the tests that run Tune; the others are fast
 
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 SPACE = {"x": tune.uniform(0.0, 1.0), "lr": tune.loguniform(1e-4, 1.0)}
@@ -181,6 +181,7 @@ def assert_only_the_release_remains(folder, released, secrets, exempt=()):
 
 
 # ---------------------------------------------------------------------------- the tests
+@RAY
 def test_purge_leaves_no_unreleased_score_metric_or_config(tmp_path, monkeypatch):
     searcher = RandomCountSearcher(PointMass(3), metric="score", mode="max", seed=3)
     results = run(tmp_path, searcher, "random", monkeypatch)
@@ -199,6 +200,7 @@ def test_purge_leaves_no_unreleased_score_metric_or_config(tmp_path, monkeypatch
     assert leaks(folder, secrets - {r.config[k] for r in results for k in r.config}) == []
 
 
+@RAY
 def test_purge_after_dp_hypo_leaves_no_unreleased_configuration(tmp_path, monkeypatch):
     """DP-HyPO's configurations come from unreleased scores: none may stay, the report included."""
     law = TruncatedNegativeBinomial.from_mean(eta=0.5, mean=3)

@@ -203,6 +203,7 @@ def test_dominates_is_conservative_across_grids():
     assert not plan.dominates(RDPCurve([2.0, 4.0], [0.1, 0.2]))
 
 
+@pytest.mark.slow
 def test_dp_accounting_convergence_failures_are_not_logged_per_order(caplog):
     """q = 1/15, σ = 1: dp_accounting cannot sum its series at ~100 fractional orders; the Gaussian bounds them."""
     from ray_dptune.accounting.adaptive_orders import dp_accounting_step_rdp

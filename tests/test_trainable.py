@@ -181,6 +181,7 @@ def test_space_plan_refuses_spaces_it_cannot_bound(space, message):
 
 
 # ---------------------------------------------------------------------------- spending
+@pytest.mark.slow
 def test_spent_matches_opacus_rdp_and_the_steps_taken(tmp_path, data_fn, optimizer_updates):
     spent, reports = run(tmp_path, data_fn, epochs=3)
     plan = TrialSpend.from_dict(reports.metrics[0]["dp_plan"])
@@ -196,6 +197,7 @@ def test_spent_matches_opacus_rdp_and_the_steps_taken(tmp_path, data_fn, optimiz
     np.testing.assert_allclose(spent.curve(INTEGER_ORDERS).epsilons, opacus_rdp, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_step_guard_stops_at_the_plan(tmp_path, data_fn, optimizer_updates, monkeypatch):
     def short_plan(params, dataset_size):
         return TrialSpend(
@@ -224,6 +226,7 @@ def test_ledger_counts_and_refuses():
 
 
 # ---------------------------------------------------------------------------- scores
+@pytest.mark.slow
 def test_public_score_is_the_exact_accuracy(tmp_path, data_fn, digits):
     _, reports = run(tmp_path, data_fn)
     for index, metrics in enumerate(reports.metrics):
@@ -231,6 +234,7 @@ def test_public_score_is_the_exact_accuracy(tmp_path, data_fn, digits):
         assert TrialSpend.from_dict(metrics["dp_spent"]).score_releases == 0
 
 
+@pytest.mark.slow
 def test_noisy_score_is_released_and_accounted(tmp_path, data_fn, digits):
     sigma = 3.0
     _, reports = run(tmp_path, data_fn, epochs=3, score_noise_multiplier=sigma)
@@ -252,6 +256,7 @@ def test_each_mode_learns(tmp_path, data_fn, mode):
     assert reports.metrics[-1]["val_acc"] > 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [64, 1], ids=["batch-64", "batch-1-with-empty-batches"])
 def test_modes_agree_with_opacus_hooks(tmp_path, digits, batch_size):
     """Same seed, same noise: every mode must give hooks' weights, empty Poisson batches included.
@@ -319,6 +324,7 @@ def test_batchnorm_is_replaced_and_logged(tmp_path, data_fn, caplog):
 
 
 # ---------------------------------------------------------------------------- restore
+@pytest.mark.slow
 def test_restore_continues_with_the_spending(tmp_path, data_fn):
     _, full = run(tmp_path / "full", data_fn, epochs=3)
     resume = TrainState.load(full.checkpoints[0])

@@ -25,7 +25,7 @@ from ray_dptune import (
 )
 from ray_dptune.records.report import REPORT_FILE
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+RAY = pytest.mark.usefixtures("ray_session")  # the tests that run Tune; the others are fast
 
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 SPACE = {"x": tune.uniform(0.0, 1.0), "width": tune.choice([1, 2, 3])}
@@ -66,6 +66,7 @@ def seed_with(law, k):
     return next(s for s in range(10_000) if RandomCountSearcher(law, seed=s).num_trials == k)
 
 
+@RAY
 @pytest.mark.parametrize("k", [0, 1, 3])
 def test_exactly_k_trials_run(tmp_path, k):
     law = Poisson(1.5)
@@ -84,6 +85,7 @@ def test_exactly_k_trials_run(tmp_path, k):
         assert {t["attempts"][0]["state"] for t in report["trials"].values()} == {"completed"}
 
 
+@RAY
 def test_report_and_release_of_the_best_trial_only(tmp_path):
     searcher = RandomCountSearcher(PointMass(4), metric="score", mode="max", seed=7)
     results, _ = run(tmp_path, searcher, plan=PLAN)
@@ -107,6 +109,7 @@ def test_report_and_release_of_the_best_trial_only(tmp_path):
     assert len(remaining) == 1  # the other trials' results are gone
 
 
+@RAY
 def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
     marker = tmp_path / "failed-once"
 
@@ -133,6 +136,7 @@ def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
     assert report["guarantee"]["epsilon"] > PLAN.curve().epsilon(delta=DELTA)
 
 
+@RAY
 def test_spending_above_the_plan_stops_the_search(tmp_path):
     def greedy(config):
         tune.report(
@@ -159,6 +163,7 @@ def test_spending_above_the_plan_stops_the_search(tmp_path):
     assert journaled > planned(PLAN).guarantee().epsilon
 
 
+@RAY
 def test_a_result_without_a_privacy_report_stops_the_search(tmp_path):
     def silent(config):
         tune.report({"score": 1.0})
@@ -167,6 +172,7 @@ def test_a_result_without_a_privacy_report_stops_the_search(tmp_path):
         run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), silent)
 
 
+@RAY
 def test_a_plan_above_the_target_is_refused_before_training(tmp_path):
     ran = tmp_path / "ran"
 
@@ -179,6 +185,7 @@ def test_a_plan_above_the_target_is_refused_before_training(tmp_path):
     assert not ran.exists()
 
 
+@RAY
 def test_truncating_k_is_refused(tmp_path):
     searcher = RandomCountSearcher(PointMass(5), metric="score", mode="max", seed=1)
     tuner = tune.Tuner(
@@ -195,6 +202,7 @@ def test_truncating_k_is_refused(tmp_path):
         private_tune_config(searcher, num_samples=3)
 
 
+@RAY
 def test_adaptive_early_stopping_is_refused(tmp_path):
     searcher = RandomCountSearcher(PointMass(2), metric="score", mode="max", seed=1)
     with pytest.raises(PrivacyError, match="AsyncHyperBandScheduler stops or pauses trials"):
@@ -238,6 +246,7 @@ def test_sampling_is_uniform_over_the_space():
     assert searcher.suggest("last") == "FINISHED"
 
 
+@RAY
 def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
     """A fit that ends with an errored trial, then Tuner.restore(resume_errored=True)."""
     marker = tmp_path / "second-trial-failed"
@@ -276,6 +285,7 @@ def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
     assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
 
 
+@RAY
 def test_restore_with_the_same_param_space_works_and_another_is_refused(tmp_path):
     searcher = RandomCountSearcher(PointMass(2), metric="score", mode="max", seed=3)
     first, _ = run(tmp_path, searcher, name="respace", plan=PLAN)
@@ -287,6 +297,7 @@ def test_restore_with_the_same_param_space_works_and_another_is_refused(tmp_path
         tune.Tuner.restore(path, fake_dp_trainable, param_space=other).fit()
 
 
+@RAY
 def test_end_to_end_with_dp_sgd_on_digits(tmp_path):
     """The user's workflow: dp_trainable + searcher + accountant + release, real Opacus training."""
     import torch
@@ -317,6 +328,7 @@ def test_end_to_end_with_dp_sgd_on_digits(tmp_path):
     digits_cnn().load_state_dict(state)  # the released checkpoint holds the trained model
 
 
+@RAY
 def test_the_ledger_composes_searches_on_one_dataset(tmp_path):
     from ray_dptune.records.ledger import PrivacyLedger
 
