@@ -203,7 +203,7 @@ def test_bad_input(tmp_path):
         record(ledger, "s", random_count(), dataset=" ")
     with pytest.raises(ValueError, match="search_id"):
         record(ledger, "", random_count())
-    with pytest.raises(ValueError, match="Guarantee"):
+    with pytest.raises(TypeError, match="Guarantee"):
         record(ledger, "s", random_count().curve)
     assert ledger.searches() == []
 

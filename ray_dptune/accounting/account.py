@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.halving_budget import HalvingBudget

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 from ray_dptune import validate
 from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.distributions import RunCountDistribution
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.accounting.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 
 __all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "search_epsilon"]

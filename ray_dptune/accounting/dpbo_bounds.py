@@ -46,7 +46,6 @@ import numpy as np
 
 from ray_dptune import validate
 from ray_dptune.accounting.rounding import round_up
-from ray_dptune.accounting.information_gain import KernelName, max_information_gain_bound_from_points
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 __all__ = [

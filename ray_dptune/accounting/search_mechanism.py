@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ray_dptune import validate
+from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.selection import repeat_and_select
 from ray_dptune.accounting.svt import svt_curve
-from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
 
 __all__ = ["MECHANISM_KINDS", "SearchMechanism"]
 

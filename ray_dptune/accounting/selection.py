@@ -22,10 +22,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ray_dptune import validate
+from ray_dptune.accounting.distributions import PointMass, Poisson, RunCountDistribution, TruncatedNegativeBinomial
 from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound
 from ray_dptune.accounting.generic import add_no_run_atom, generic_repeat_and_select
 from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.distributions import PointMass, Poisson, RunCountDistribution, TruncatedNegativeBinomial
 from ray_dptune.errors import UnsupportedBoundError
 
 __all__ = [

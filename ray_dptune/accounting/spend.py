@@ -245,12 +245,13 @@ def unit_spend(plan: Any, *, units_per_plan: int) -> TrialSpend:
     """One time unit of a DP-SGD ``plan`` that spans ``units_per_plan`` units (e.g. one epoch of ``epochs``).
 
     Raises:
-        ValueError: the plan is not a :class:`TrialSpend`, or its steps or score releases
-            do not split evenly into ``units_per_plan`` units (a unit would then have no exact cost).
+        TypeError: the plan is not a :class:`TrialSpend`.
+        ValueError: its steps or score releases do not split evenly into ``units_per_plan``
+            units (a unit would then have no exact cost).
     """
     parsed = parse_report(plan)
     if not isinstance(parsed, TrialSpend):
-        raise ValueError("Charging a trial by time units needs a DP-SGD plan (a TrialSpend dict), not a bare curve.")
+        raise TypeError("Charging a trial by time units needs a DP-SGD plan (a TrialSpend dict), not a bare curve.")
     if parsed.steps % units_per_plan or parsed.score_releases % units_per_plan:
         raise ValueError(
             f"The plan's {parsed.steps} steps and {parsed.score_releases} score releases do not split into "

@@ -123,7 +123,8 @@ class PrivacyLedger:
 
         Raises:
             PrivacyError: the search is recorded on another dataset, or the ledger is locked.
-            ValueError: an empty identifier or an invalid guarantee.
+            ValueError: an empty identifier or an invalid release.
+            TypeError: ``guarantee`` is not a :class:`~ray_dptune.accounting.guarantee.Guarantee`.
         """
         row = _search_row(search_id, dataset, guarantee, summary)
         self._forget(dataset, search_id)
@@ -327,7 +328,7 @@ def _search_row(search_id: str, dataset: str, guarantee: Guarantee, summary: Map
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"{name} must be a non-empty identifier (e.g. dataset='digits-v1'), got {value!r}.")
     if not isinstance(guarantee, Guarantee):
-        raise ValueError(f"guarantee must be a SearchAccount's Guarantee, got {type(guarantee).__name__}.")
+        raise TypeError(f"guarantee must be a SearchAccount's Guarantee, got {type(guarantee).__name__}.")
     release_epsilon, release_delta = float(guarantee.release_epsilon), float(guarantee.release_delta)
     if not (math.isfinite(release_epsilon) and release_epsilon >= 0 and 0 <= release_delta < 1):
         raise ValueError(f"A release needs ε >= 0 finite and δ in [0, 1), got ({release_epsilon}, {release_delta}).")
