@@ -31,14 +31,15 @@ once:
   in α̂, so the constraint curve may be smoothed (min over α' ≥ α̂); the term
   a(α) of (L.A.5) itself is not (P+, P'- are not probability laws).
 
-The maximum of (L.A.5) over that set is certified, not sampled (see
-:func:`worst_log_pgf_ratio`). Each closed-form relaxation of Theorem 1 is an upper
-bound on this maximum over a larger set (one α̂, one direction, q ≤ 1); the
-certified maximum adds a small grid margin and uses at most
-``MAX_CONSTRAINT_ORDERS`` orders, so callers take the pointwise minimum with the
-closed form (:func:`ray_dptune.accounting.selection.repeat_and_select`). Lemma A.5 holds for any law of T on N≥0, so this function
-accepts any law; the mass at T = 0 is added back as in the non-adaptive case
-(:func:`ray_dptune.accounting.generic.add_no_run_atom`).
+The maximum of (L.A.5) over that set is certified, not sampled, by
+:func:`ray_dptune.accounting.worst_pair.worst_log_pgf_ratio` (shared with the
+generic P&S Lemma 7), with every finite order of a as a constraint. Each
+closed-form relaxation of Theorem 1 is an upper bound on this maximum over a
+larger set (one α̂, one direction, q ≤ 1); the certified maximum adds a small grid
+margin, so callers take the pointwise minimum with the closed form
+(:func:`ray_dptune.accounting.selection.repeat_and_select`). Lemma A.5 holds for
+any law of T on N≥0, so this function accepts any law; the mass at T = 0 is added
+back as in the non-adaptive case (:func:`ray_dptune.accounting.generic.add_no_run_atom`).
 
 Two steps of the paper's proof treat P+ and P'- (suprema and infima over the
 densities, with masses up to C and down to c) as if they were probability laws:
@@ -55,17 +56,14 @@ import math
 import numpy as np
 
 from ray_dptune import validate
+from ray_dptune.accounting import worst_pair
+from ray_dptune.accounting.distributions import RunCountDistribution
 from ray_dptune.accounting.generic import add_no_run_atom
 from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.distributions import RunCountDistribution
 
-__all__ = ["dphypo_lemma_bound", "lemma_a4_curve", "worst_log_pgf_ratio"]
+__all__ = ["DEFAULT_GRID_SIZE", "dphypo_lemma_bound", "lemma_a4_curve"]
 
-BISECTION_STEPS = 48
-CONSTRAINT_SLACK = 1e-9  # relative and absolute slack on a(α̂): rounding may only enlarge the feasible set
-MAX_CONSTRAINT_ORDERS = 40  # fewer constraints = a larger feasible set = still a valid bound
 DEFAULT_GRID_SIZE = 1024
-MAX_GRID_SIZE = 2**15
 
 
 def lemma_a4_curve(base: RDPCurve, *, density_ratio: float, upper: float | None = None) -> RDPCurve:
@@ -88,103 +86,6 @@ def lemma_a4_curve(base: RDPCurve, *, density_ratio: float, upper: float | None 
     with np.errstate(over="ignore"):
         eps = base.epsilons + math.log(ratio) + math.log(upper) / (lam - 1.0)
     return RDPCurve(lam, eps)
-
-
-def _log_probs(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    with np.errstate(divide="ignore"):
-        return np.log(p), np.log1p(-p)
-
-
-def _exceeds(alpha, log_p, log_1mp, log_r, log_1mr, limit) -> np.ndarray:
-    """D_α(Bern(p)‖Bern(r)) > limit, from logs (a term with p = 0 is 0 for α > 1)."""
-    with np.errstate(invalid="ignore"):
-        one = np.where(np.isneginf(log_p), -np.inf, alpha * log_p + (1.0 - alpha) * log_r)
-        zero = np.where(np.isneginf(log_1mp), -np.inf, alpha * log_1mp + (1.0 - alpha) * log_1mr)
-    return np.logaddexp(one, zero) > (alpha - 1.0) * limit
-
-
-def _lowest_partner(q: np.ndarray, alphas: np.ndarray, limits: np.ndarray) -> np.ndarray:
-    """A lower bound on b(q) = min{q' <= q : both binary divergences <= limits at every alpha}.
-
-    For fixed q the feasible q' form an interval containing q (Rényi divergence is
-    quasi-convex), so bisection keeps ``lo`` infeasible (or 0) and ``hi`` feasible.
-    """
-    a = alphas[:, None]
-    lim = limits[:, None] * (1.0 + CONSTRAINT_SLACK) + CONSTRAINT_SLACK
-    log_q, log_1mq = (v[None, :] for v in _log_probs(q))
-    lo, hi = np.zeros_like(q), q.copy()
-    for _ in range(BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        log_m, log_1mm = (v[None, :] for v in _log_probs(mid))
-        bad = np.any(
-            _exceeds(a, log_q, log_1mq, log_m, log_1mm, lim) | _exceeds(a, log_m, log_1mm, log_q, log_1mq, lim), axis=0
-        )
-        hi, lo = np.where(bad, hi, mid), np.where(bad, mid, lo)
-    return lo
-
-
-def _grid(law: RunCountDistribution, size: int) -> np.ndarray:
-    """Points of [0, 1]: uniform, log-dense at both ends, and at equal steps of log f'."""
-    ends = np.logspace(-14, -0.3, size // 4)
-    top = float(law.log_pgf_derivative(1.0))
-    bottom = max(float(law.log_pgf_derivative(0.0)), top - 60.0)
-    targets = np.linspace(bottom, top, size // 2)
-    lo, hi = np.zeros_like(targets), np.ones_like(targets)
-    for _ in range(60):  # invert the non-decreasing log f' by bisection
-        mid = 0.5 * (lo + hi)
-        below = law.log_pgf_derivative(mid) < targets
-        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-    return np.unique(np.concatenate([np.linspace(0.0, 1.0, size // 4), ends, 1.0 - ends, hi, [0.0, 1.0]]))
-
-
-def worst_log_pgf_ratio(
-    orders: np.ndarray,
-    law: RunCountDistribution,
-    constraint: RDPCurve,
-    *,
-    grid_size: int = DEFAULT_GRID_SIZE,
-    max_constraint_orders: int = MAX_CONSTRAINT_ORDERS,
-) -> np.ndarray:
-    """Upper bound on max α·log f'(q) + (1-α)·log f'(q') over (q, q') feasible for ``constraint``, per α.
-
-    Feasible: D_α̂(Bern(q)‖Bern(q')) and D_α̂(Bern(q')‖Bern(q)) <= constraint(α̂) for
-    every α̂ of ``constraint`` (at most ``max_constraint_orders`` of them are used:
-    fewer constraints only enlarge the set). f' is non-decreasing, so the worst q' is
-    the lowest feasible one, b(q), and b is non-decreasing in q. On a grid cell
-    [q_i, q_{i+1}] the objective is at most α·log f'(q_{i+1}) + (1-α)·log f'(b(q_i)),
-    with b(q_i) replaced by a lower end of its bisection bracket; the largest cell
-    value bounds the maximum from above.
-
-    Args:
-        orders: the α at which to evaluate, each > 1.
-        law: law of T; only ``log_pgf_derivative`` on [0, 1] is used.
-        constraint: RDP curve bounding the binary pair (smoothed here: valid for
-            two-point laws).
-        grid_size: about how many points of [0, 1]; more is tighter, never looser.
-        max_constraint_orders: cap on the constraint orders used.
-
-    Returns:
-        An array like ``orders``; ``inf`` where no finite bound is found.
-    """
-    grid_size = validate.positive_int("grid_size", grid_size, maximum=MAX_GRID_SIZE)
-    max_constraint_orders = validate.positive_int("max_constraint_orders", max_constraint_orders)
-    lam = np.asarray(orders, dtype=float)
-    constraint = constraint.smoothed()
-    finite = np.isfinite(constraint.epsilons)
-    if not finite.any():
-        return np.full_like(lam, np.inf)
-    c_alpha, c_eps = constraint.orders[finite], constraint.epsilons[finite]
-    if c_alpha.size > max_constraint_orders:
-        keep = np.unique(np.linspace(0, c_alpha.size - 1, max_constraint_orders).round().astype(int))
-        c_alpha, c_eps = c_alpha[keep], c_eps[keep]
-    q = _grid(law, grid_size)
-    partner = _lowest_partner(q, c_alpha, c_eps)
-    high = law.log_pgf_derivative(q[1:])
-    low = law.log_pgf_derivative(partner[:-1])
-    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf = NaN counts as inf: conservative
-        cell = lam[:, None] * high[None, :] + (1.0 - lam[:, None]) * low[None, :]
-        worst = np.where(np.isnan(cell), np.inf, cell).max(axis=1)
-    return worst
 
 
 def dphypo_lemma_bound(
@@ -220,7 +121,9 @@ def dphypo_lemma_bound(
         raise TypeError(f"law must be a RunCountDistribution, got {type(law).__name__}.")
     a4 = lemma_a4_curve(base, density_ratio=density_ratio, upper=upper)
     lam = a4.orders
-    worst = worst_log_pgf_ratio(lam, law, a4, grid_size=grid_size)
+    # every finite order: the bound is computed once per search and each order only tightens it
+    # (the 40 evenly spread orders it used before are among them)
+    worst = worst_pair.worst_log_pgf_ratio(lam, law, a4, grid_size=grid_size, max_constraint_orders=None)
     with np.errstate(invalid="ignore", over="ignore"):
         log_moment = (lam - 1.0) * a4.epsilons + worst
     log_moment = np.where(np.isnan(log_moment), np.inf, log_moment)
