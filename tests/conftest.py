@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-HEAVY_FIXTURES = {"ray_session"}
+HEAVY_FIXTURES = {"ray_session", "drivers"}
 """A test that uses one of these is not in the fast tier (nor is one marked ``slow`` or ``exhaustive``)."""
 
 NO_FAST_TESTS = {
@@ -50,6 +50,25 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def drivers(ray_session):
+    """Runs the fault tests' drivers (tests/kill_driver.py, tests/budget_driver.py) on the shared session.
+
+    Each run is a process of its own (its own pid, environment and Ray connection), killed for
+    real; tests/driver_server.py forks them from one process that imported Ray, Tune and
+    ray_dptune once, so a run does not pay those imports (~3 s of CPU here, 40-odd runs).
+    """
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from driver_server import DriverServer
+
+    # dp_accounting too: the library imports it lazily, ~1 s at each driver's first curve
+    server = DriverServer("kill_driver", "budget_driver", "dp_accounting.rdp.rdp_privacy_accountant")
+    yield server
+    server.close()
 
 
 @pytest.fixture

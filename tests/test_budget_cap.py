@@ -3,7 +3,7 @@
 Each scenario runs through the public API in a real Tune run (one shared Ray session);
 the trainables append every attempt they start to a side file, so the tests compare the
 report with what really ran. Interrupts send a real SIGINT to a driver process
-(tests/budget_driver.py).
+(tests/budget_driver.py, forked by tests/driver_server.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 from ray import tune
@@ -227,11 +225,11 @@ def test_concurrency_limiter_is_accepted_and_repeater_refused_before_any_trial(t
 # ----------------------------------------------------------------------------- Ctrl-C
 
 
-def _drive(tmp_path, *args):
+def _drive(drivers, tmp_path, *args):
+    """tests/budget_driver.py as a driver process of its own (forked by tests/driver_server.py: conftest's ``drivers``)."""
     env = {**os.environ, "RAY_ADDRESS": _ray_address(), "PYTHONPATH": HERE}
-    command = [sys.executable, os.path.join(HERE, "budget_driver.py"), str(tmp_path), "search",
-               str(tmp_path / "side.log"), *args]
-    process = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    argv = [str(tmp_path), "search", str(tmp_path / "side.log"), *args]
+    process = drivers.run("budget_driver", argv, env=env, timeout=300)
     lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, process.stdout[-3000:] + process.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):]), process.stdout
@@ -244,8 +242,8 @@ def _ray_address() -> str:
 
 
 @pytest.mark.parametrize("retries", [0, 2], ids=["no-headroom", "headroom"])
-def test_ctrl_c_leaves_an_incomplete_search_that_resumes_only_within_its_budget(tmp_path, retries):
-    outcome, printed = _drive(tmp_path, "--k", "6", "--retries", str(retries), "--interrupt-after", "2")
+def test_ctrl_c_leaves_an_incomplete_search_that_resumes_only_within_its_budget(drivers, tmp_path, retries):
+    outcome, printed = _drive(drivers, tmp_path, "--k", "6", "--retries", str(retries), "--interrupt-after", "2")
     report = json.loads((tmp_path / "search" / "privacy_report.json").read_text())
     assert not report["complete"] and "stopped before they ended" in report["incomplete_reason"]
     assert report["guarantee"]["epsilon"] <= 4.0 and report["target"]["held"]
@@ -254,7 +252,7 @@ def test_ctrl_c_leaves_an_incomplete_search_that_resumes_only_within_its_budget(
         release_best(str(tmp_path / "search"))
     interrupted = sum(t["state"] == "interrupted" for t in report["trials"].values())
     assert interrupted >= 1
-    resumed, printed = _drive(tmp_path, "--restore")
+    resumed, printed = _drive(drivers, tmp_path, "--restore")
     report = json.loads((tmp_path / "search" / "privacy_report.json").read_text())
     if retries < interrupted:
         assert "cannot be resumed within its budget" in resumed["error"]

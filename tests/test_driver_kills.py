@@ -1,7 +1,8 @@
 """SIGKILL the driver of a private search at many instants, restore it, and audit the report.
 
 Each variant runs ``tests/kill_driver.py`` as a separate driver process on the shared
-Ray session, kills it with SIGKILL at the given instants (a suggestion, an attempt
+Ray session (forked by tests/driver_server.py, which pays Python's imports once: each
+driver is still a process of its own, with its own Ray connection), kills it with SIGKILL at the given instants (a suggestion, an attempt
 start, mid-report, right after Tune's experiment checkpoint, or a timer), restores it
 with ``tune.Tuner.restore`` after each kill, and lets the last driver finish. The
 trainable logs every start to a side file, independently of the driver. With K fixed
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -22,15 +22,14 @@ from ray_dptune.accounting.account import SearchAccount
 
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 
-RAY = pytest.mark.usefixtures("ray_session")  # the drivers connect to the shared session
-
-DRIVER = os.path.join(os.path.dirname(__file__), "kill_driver.py")
 sys.path.insert(0, os.path.dirname(__file__))
 from kill_driver import DELTA, PLAN  # noqa: E402
 
 
-def drive(tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: list[str] = (), env: dict | None = None):
-    """Runs the driver once per kill (each must die by SIGKILL), then once to the end."""
+def drive(
+    drivers, tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: list[str] = (), env: dict | None = None
+):
+    """Runs the driver once per kill (each must die by SIGKILL), then once to the end (``drivers``: conftest)."""
     import ray
 
     side = tmp_path / f"{name}.side"
@@ -46,10 +45,10 @@ def drive(tmp_path, name: str, kills: list[list[str]], *, k: int = 3, extra: lis
     environment.update(env or {})
     killed = 0
     for run, kill in enumerate([*kills, []]):
-        args = [sys.executable, DRIVER, str(tmp_path), name, str(side), "--k", str(k), *extra, *kill]
+        args = [str(tmp_path), name, str(side), "--k", str(k), *extra, *kill]
         if run:
             args.append("--restore")
-        process = subprocess.run(args, env=environment, capture_output=True, text=True, timeout=300)
+        process = drivers.run("kill_driver", args, env=environment, timeout=300)
         if kill and process.returncode == -9:
             killed += 1
             continue
@@ -131,15 +130,14 @@ ASHA_KILLS = {
 }
 
 
-@RAY
 @pytest.mark.parametrize("kills", list(ASHA_KILLS.values()), ids=list(ASHA_KILLS))
-def test_a_killed_private_asha_search_never_under_counts_a_unit(tmp_path, kills):
+def test_a_killed_private_asha_search_never_under_counts_a_unit(drivers, tmp_path, kills):
     """Every time unit the side file saw run was charged to its trial before it ran, across kills."""
     from kill_driver import ASHA_PLAN
 
     from ray_dptune.records.journal import SearchJournal
 
-    report, starts, killed = drive(tmp_path, "asha", kills, k=2, extra=["--asha"])
+    report, starts, killed = drive(drivers, tmp_path, "asha", kills, k=2, extra=["--asha"])
     assert killed >= 1
     units = [line.split()[1] for line in (tmp_path / "asha.side").read_text().splitlines() if line.startswith("unit")]
     account = SearchJournal(tmp_path / "asha" / "privacy_journal.db").account()
@@ -163,10 +161,9 @@ KILL_PLANS = {
 }
 
 
-@RAY
 @pytest.mark.parametrize("kills", list(KILL_PLANS.values()), ids=list(KILL_PLANS))
-def test_a_killed_driver_never_under_counts(tmp_path, kills):
-    report, starts, killed = drive(tmp_path, "search", kills)
+def test_a_killed_driver_never_under_counts(drivers, tmp_path, kills):
+    report, starts, killed = drive(drivers, tmp_path, "search", kills)
     assert killed >= 1  # the test killed for real
     if report is None:  # a kill cut Ray's own state files: Tune could not restore; the journal still can
         print(f"killed {killed} of {len(kills)}; {len(starts)} attempts ran; Ray could not restore")
@@ -178,13 +175,12 @@ def test_a_killed_driver_never_under_counts(tmp_path, kills):
     assert 1 <= report["restores"] <= killed
 
 
-@RAY
-def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
+def test_with_a_ledger_the_dataset_total_covers_every_attempt(drivers, tmp_path):
     from ray_dptune.records.ledger import PrivacyLedger
 
     ledger_path = tmp_path / "ledger.db"
     kills = [["--kill", "result:3"], ["--kill", "start:1"], ["--kill-after", "0.3"]]
-    report, starts, killed = drive(tmp_path, "ledgered", kills, extra=["--ledger", str(ledger_path)])
+    report, starts, killed = drive(drivers, tmp_path, "ledgered", kills, extra=["--ledger", str(ledger_path)])
     assert killed >= 2 or (killed >= 1 and report is None)  # (None: a kill cut Ray's own state: no restore)
     total = PrivacyLedger(ledger_path).dataset_epsilon("kills", delta=DELTA)
     assert total >= implied_epsilon(len(starts), 3) * (1 - 1e-12)  # the ledger alone never under-counts
@@ -195,10 +191,9 @@ def test_with_a_ledger_the_dataset_total_covers_every_attempt(tmp_path):
         assert total == pytest.approx(report["guarantee"]["epsilon"], rel=1e-9)
 
 
-@RAY
-def test_an_adaptive_dp_hypo_search_killed_mid_report_never_under_counts(tmp_path):
+def test_an_adaptive_dp_hypo_search_killed_mid_report_never_under_counts(drivers, tmp_path):
     kills = [["--kill", "result:2"], ["--kill", "start:1"]]
-    report, starts, killed = drive(tmp_path, "adaptive", kills, extra=["--dphypo"])
+    report, starts, killed = drive(drivers, tmp_path, "adaptive", kills, extra=["--dphypo"])
     assert killed >= 1
     if report is None:
         audit_journal(tmp_path / "adaptive", starts, k=3)
@@ -207,10 +202,9 @@ def test_an_adaptive_dp_hypo_search_killed_mid_report_never_under_counts(tmp_pat
     audit(report, starts, k=3)
 
 
-@RAY
-def test_with_the_real_dp_trainable(tmp_path):
+def test_with_the_real_dp_trainable(drivers, tmp_path):
     """Opacus DP-SGD on digits, killed mid-report: the restored report charges the lost attempt."""
-    report, starts, killed = drive(tmp_path, "digits", [["--kill", "result:1"]], k=2, extra=["--digits"])
+    report, starts, killed = drive(drivers, tmp_path, "digits", [["--kill", "result:1"]], k=2, extra=["--digits"])
     assert killed == 1
     report = report or journal_report(tmp_path / "digits")  # None: Ray could not restore its own state
     from ray_dptune.accounting.spend import curve_from_report
@@ -222,21 +216,14 @@ def test_with_the_real_dp_trainable(tmp_path):
     assert len(starts) > 2 or report["guarantee"]["charged_attempts"] >= 1
 
 
-@RAY
-def test_a_new_search_into_a_used_folder_is_refused_and_the_first_report_kept(tmp_path):
-    report, _, _ = drive(tmp_path, "once", [])
+def test_a_new_search_into_a_used_folder_is_refused_and_the_first_report_kept(drivers, tmp_path):
+    report, _, _ = drive(drivers, tmp_path, "once", [])
     before = (tmp_path / "once" / "privacy_report.json").read_bytes()
     import ray
 
     environment = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     side = tmp_path / "again.side"
-    process = subprocess.run(
-        [sys.executable, DRIVER, str(tmp_path), "once", str(side), "--k", "1"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    process = drivers.run("kill_driver", [str(tmp_path), "once", str(side), "--k", "1"], env=environment)
     assert process.returncode != 0
     assert "already holds the privacy record of search" in process.stderr
     assert (tmp_path / "once" / "privacy_report.json").read_bytes() == before
