@@ -106,7 +106,8 @@ def _hull(slopes: np.ndarray, intercepts: np.ndarray) -> tuple[np.ndarray, np.nd
         useless[1:-1] = breaks[:-1] >= breaks[1:]
         if not useless.any():
             break
-        useless[1:] &= ~useless[:-1]  # never two neighbours in one pass
+        # all at once: a line below its neighbours' crossing stays below the lines that remain (if
+        # k+1 <= max(k, k+2) and k <= max(k-1, k+1), then both <= max(k-1, k+2) wherever they lead)
         s, c, index = s[~useless], c[~useless], index[~useless]
     converged = s.size <= 2 or not np.any(np.diff((c[:-1] - c[1:]) / (s[1:] - s[:-1])) <= 0)
     return s, c, index, bool(converged)
