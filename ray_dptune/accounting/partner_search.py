@@ -180,6 +180,7 @@ class _Constraints:
         alphas, epsilons = np.asarray(alphas, dtype=float), np.asarray(epsilons, dtype=float)
         limits = (alphas - 1.0) * np.array([epsilons, CONSTRAINT_SLACK * (1.0 + epsilons)])
         keep = np.all(np.isfinite(limits), axis=0)
+        keep[keep] = _binding(alphas[keep], limits[0, keep])
         alphas, c, slack = alphas[keep], limits[0, keep], limits[1, keep]
         self.keys = 2 * alphas.size
         first = np.arange(self.keys) < alphas.size
@@ -227,6 +228,29 @@ class _Constraints:
         keys, near = every[active], point[active]
         found = self.solve(keys, q, near, best[near], NEWTON_STEPS)
         return _record(best, binding, found, keys, near)
+
+
+def _binding(alphas: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Which constraints can bind: those on the lower convex hull of (1, 0) and (α, (α-1)·ε(α)).
+
+    For any pair of laws, α ↦ (α-1)·D_α is convex (the log of a sum of exponentials of α) and
+    vanishes at α = 1, so a constraint lying on or above the chord of two others (or of (1, 0)
+    and one other) is implied by them: dropping it leaves the allowed set as it is. A drop is
+    made only with a margin over rounding; one made wrongly would only enlarge the set (looser).
+    """
+    keep = np.ones(alphas.size, dtype=bool)
+    x, y, index = np.r_[1.0, alphas], np.r_[0.0, c], np.arange(-1, alphas.size)
+    for _ in range(alphas.size):
+        if x.size <= 2:
+            break
+        # y[k] against the chord of its neighbours, y[k-1] + (y[k+1] - y[k-1]) (x[k] - x[k-1]) / (x[k+1] - x[k-1])
+        chord = y[:-2] + (y[2:] - y[:-2]) * ((x[1:-1] - x[:-2]) / (x[2:] - x[:-2]))
+        above = np.r_[False, y[1:-1] > chord + 1e-12 * (np.abs(chord) + np.abs(y[1:-1])), False]
+        if not above.any():
+            break
+        keep[index[above]] = False
+        x, y, index = x[~above], y[~above], index[~above]
+    return keep
 
 
 def _record(
