@@ -234,22 +234,29 @@ def _binding(alphas: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Which constraints can bind: those on the lower convex hull of (1, 0) and (α, (α-1)·ε(α)).
 
     For any pair of laws, α ↦ (α-1)·D_α is convex (the log of a sum of exponentials of α) and
-    vanishes at α = 1, so a constraint lying on or above the chord of two others (or of (1, 0)
-    and one other) is implied by them: dropping it leaves the allowed set as it is. A drop is
-    made only with a margin over rounding; one made wrongly would only enlarge the set (looser).
+    vanishes at α = 1, so a constraint lying above the chord of two others (or of (1, 0) and
+    one other) is implied by them: dropping it leaves the allowed set as it is. A drop needs a
+    margin over rounding; a wrong one would only enlarge the set (a looser bound, still valid).
+    Andrew's monotone chain, in order of α (a few dozen points).
     """
-    keep = np.ones(alphas.size, dtype=bool)
-    x, y, index = np.r_[1.0, alphas], np.r_[0.0, c], np.arange(-1, alphas.size)
-    for _ in range(alphas.size):
-        if x.size <= 2:
-            break
-        # y[k] against the chord of its neighbours, y[k-1] + (y[k+1] - y[k-1]) (x[k] - x[k-1]) / (x[k+1] - x[k-1])
-        chord = y[:-2] + (y[2:] - y[:-2]) * ((x[1:-1] - x[:-2]) / (x[2:] - x[:-2]))
-        above = np.r_[False, y[1:-1] > chord + 1e-12 * (np.abs(chord) + np.abs(y[1:-1])), False]
-        if not above.any():
-            break
-        keep[index[above]] = False
-        x, y, index = x[~above], y[~above], index[~above]
+    x, y = np.r_[1.0, alphas], np.r_[0.0, c]
+    if x.size <= 2:
+        return np.ones(alphas.size, dtype=bool)
+    chord = y[:-2] + (y[2:] - y[:-2]) * ((x[1:-1] - x[:-2]) / (x[2:] - x[:-2]))
+    if not np.any(y[1:-1] > chord + 1e-12 * (np.abs(chord) + np.abs(y[1:-1]))):
+        return np.ones(alphas.size, dtype=bool)  # already convex (a Gaussian's curve, say)
+    xs, ys = x.tolist(), y.tolist()
+    hull = [0]
+    for i in range(1, len(xs)):
+        while len(hull) >= 2:
+            o, a = hull[-2], hull[-1]
+            chord = ys[o] + (ys[i] - ys[o]) * (xs[a] - xs[o]) / (xs[i] - xs[o])
+            if ys[a] <= chord + 1e-12 * (abs(chord) + abs(ys[a])):
+                break
+            hull.pop()
+        hull.append(i)
+    keep = np.zeros(alphas.size, dtype=bool)
+    keep[np.asarray(hull[1:], dtype=int) - 1] = True
     return keep
 
 
