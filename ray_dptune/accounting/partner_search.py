@@ -123,42 +123,54 @@ class _Pairs:
 
     def evaluate(self, t: np.ndarray) -> tuple[np.ndarray, ...]:
         """log S - c, its error bound, log S, A, and B - log(1 - e^t), at t."""
+        gap, log_sum, a, b_rest, other = self._excess(t)
+        return gap, self.e0 - self.e1 * (t + np.maximum(other, -800.0)), log_sum, a, b_rest
+
+    def _excess(self, t: np.ndarray) -> tuple[np.ndarray, ...]:
         other = np.log(-np.expm1(t))
         a, b = self.w * t + self.a0, self.w * other + self.b0
         top = np.maximum(a, b)
         log_sum = top + np.log(1.0 + np.exp(np.minimum(a, b) - top))
-        err = self.e0 - self.e1 * (t + np.maximum(other, -800.0))
-        return log_sum - self.c, err, log_sum, a, self.w1 * other + self.b0
+        return log_sum - self.c, log_sum, a, self.w1 * other + self.b0, other
 
     def solve(self, t: np.ndarray, iterations: int) -> np.ndarray:
         """Certified lower bounds on each boundary (x; 0 where none), from t: ``iterations`` Newton
-        steps, then up to :data:`STRAGGLER_STEPS` more for the pairs not yet at their aim."""
+        steps, then up to :data:`STRAGGLER_STEPS` more, each iterate certified and the best kept,
+        for the pairs not yet at their aim."""
         best, t, done = self.newton(t, iterations)
         late = np.nonzero(~done)[0]
         if late.size:
-            best[late] = np.maximum(best[late], self.subset(late).newton(t[late], STRAGGLER_STEPS)[0])
+            best[late] = np.maximum(best[late], self.subset(late).newton(t[late], STRAGGLER_STEPS, every=True)[0])
         return self.x_of(best)
 
-    def newton(self, t: np.ndarray, iterations: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def newton(
+        self, t: np.ndarray, iterations: int, *, every: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Certified bounds as sign·t (-inf: none), the last t, and which pairs sit at their aim.
 
-        An iterate counts only where the excess beats its error bound. A step out of t's range,
-        or NaN, lands on the range's end (fmax and fmin drop NaN).
+        Only the last iterate is certified (its excess must beat its error bound), or with
+        ``every`` each iterate, keeping the best. The steps aim with the error bound of the
+        first iterate (it varies little). A step out of t's range, or NaN, lands on the range's
+        end (fmax and fmin drop NaN).
         """
+        gap, log_sum, a, b_rest, other = self._excess(t)
+        err = self.e0 - self.e1 * (t + np.maximum(other, -800.0))
+        aim = self.aim(err)
         best = np.full_like(t, -np.inf)
-        done = np.zeros(t.shape, dtype=bool)
         for step in range(iterations + 1):
-            gap, err, log_sum, a, b_rest = self.evaluate(t)
-            certified = gap > err
-            best = np.where(certified, np.maximum(best, self.sign * t), best)
-            aim = self.aim(err)
-            if step >= 2 or step == iterations:
-                done = (certified & (np.abs(gap - aim) <= err)) | ~np.isfinite(gap)  # NaN or inf: no progress
-                if step == iterations or np.all(done):
-                    break
+            if step:
+                gap, log_sum, a, b_rest, other = self._excess(t)
+            if every:
+                now = self.e0 - self.e1 * (t + np.maximum(other, -800.0))
+                best = np.where(gap > now, np.maximum(best, self.sign * t), best)
+            if step == iterations or (step >= 2 and np.all(np.abs(gap - aim) <= err)):
+                break
             slope = self.w * (np.exp(a - log_sum) - np.exp(b_rest + t - log_sum))  # d log S / dt
             t = np.fmin(np.fmax(self._step(t, gap - aim, slope), self.low), self.high)
-        return best, t, done
+        err = self.e0 - self.e1 * (t + np.maximum(other, -800.0))  # at the last iterate
+        certified = gap > err
+        done = (certified & (np.abs(gap - self.aim(err)) <= err)) | ~np.isfinite(gap)  # NaN or inf: no progress
+        return np.maximum(best, np.where(certified, self.sign * t, -np.inf)), t, done
 
     def _step(self, t: np.ndarray, excess: np.ndarray, slope: np.ndarray) -> np.ndarray:
         """Newton's step: on log S in t for the first direction, where log S is convex (so a step
@@ -227,7 +239,10 @@ class _Constraints:
         active = ~(gap < -err)
         keys, near = every[active], point[active]
         found = self.solve(keys, q, near, best[near], NEWTON_STEPS)
-        return _record(best, binding, found, keys, near)
+        # the binding key is the one whose boundary Newton put highest (a start can beat that by
+        # lying nearer the boundary than the slack Newton aims at, without binding)
+        top, solved = _record(np.zeros(n), np.full(n, -1), found, keys, near)
+        return np.maximum(best, top), np.where(solved >= 0, solved, binding)
 
 
 def _binding(alphas: np.ndarray, c: np.ndarray) -> np.ndarray:
