@@ -99,9 +99,12 @@ def sweep(cluster: Cluster, workers: list, out: Path, scenario: str) -> dict:
         threading.Thread(target=interrupt_after_two_trials, args=(markers, done), daemon=True).start()
     results = tuner.fit()
     done.set()
-    interrupted_with = None
-    if interrupt:
-        interrupted_with = len(results)
+    interrupted = None
+    if interrupt:  # what the first driver's own report says of the search it left
+        with open(out / "storage" / "multinode" / "privacy_report.json") as file:
+            first = json.load(file)
+        unfinished = [tid for tid, trial in first["trials"].items() if trial["state"] != "completed"]
+        interrupted = {"complete": first["complete"], "unfinished": unfinished, "results": len(results)}
         restored = tune.Tuner.restore(str(out / "storage" / "multinode"), trainable, resume_unfinished=True)
         results = restored.fit()
         with open(out / "storage" / "multinode" / "privacy_report.json") as file:
@@ -117,7 +120,7 @@ def sweep(cluster: Cluster, workers: list, out: Path, scenario: str) -> dict:
         "epsilon": report["guarantee"]["epsilon"],
         "nodes": sorted({r.metrics.get("node") for r in results if r.metrics}),
         "killed": (out / "killed").read_text() if (out / "killed").exists() else None,
-        "interrupted_with": interrupted_with,
+        "interrupted": interrupted,
         "starts": len([m for m in markers.iterdir() if not m.name.startswith("finished-")]),
     }
 
