@@ -21,7 +21,9 @@ tightness, never validity. A missed constraint likewise only leaves a bound lowe
 Constraint k, a direction and an order α: with S = q^α x^(1-α) + (1-q)^α (1-x)^(1-α) for
 D_α(Bern(q)‖Bern(x)) (the first direction) or x^α q^(1-α) + (1-x)^α (1-q)^(1-α), it reads
 log S(x) ≤ c = (α-1)·ε(α). Keys order the 2m constraints as their boundaries tend to lead
-when q grows: the first direction by decreasing α, then the second by increasing α.
+when q grows: the first direction by decreasing α, then the second by increasing α. Orders
+whose (α, (α-1)·ε(α)) lies above the lower convex hull are dropped first: they cannot bind
+(:func:`_binding`).
 
 How. Newton's method per (constraint, point), in t = log x (first direction) or log(1-x)
 (second), aiming just inside the violated side (:meth:`_Pairs.newton`). Every constraint
@@ -41,8 +43,9 @@ from ray_dptune.accounting.rdp import RDPCurve
 __all__ = ["MAX_CONSTRAINT_ORDERS", "PartnerSearch", "constraint_orders", "lowest_partner"]
 
 CONSTRAINT_SLACK = 1e-9
-"""Relative and absolute slack on ε(α) that Newton aims at (as the bisection it replaces did):
-the bound it finds is violated by that much, far above rounding."""
+"""Relative and absolute slack on ε(α) that Newton aims at, as the bisection it replaces did (or
+:data:`AIM` error bounds where those are more): the bound it finds violates its constraint by
+that much, so that it is certified although Newton cannot land exactly on the boundary."""
 MAX_CONSTRAINT_ORDERS = 48
 """Default cap on the constraint orders (evenly spread): fewer allow more (q, q'), a valid but
 looser bound, and the work grows with them. The generic bound has always used 48."""
