@@ -18,14 +18,14 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import ray
+from kill_driver import side_log  # the same fsync'd side file as the kill tests' (tests/ is on PYTHONPATH)
 from ray import tune
 
 import ray_dptune
 from ray_dptune import PointMass, TrialSpend
-
-from kill_driver import side_log  # the same fsync'd side file as the kill tests' (tests/ is on PYTHONPATH)
 
 SAMPLE_RATE, STEPS, DELTA = 0.05, 40, 1e-5
 
@@ -51,7 +51,7 @@ def interrupt_after(side_file: str, done: int) -> None:
 
     def watch():
         while True:
-            lines = open(side_file).read().split() if os.path.exists(side_file) else []
+            lines = Path(side_file).read_text().split() if os.path.exists(side_file) else []
             if lines.count("done") >= done:
                 os.kill(os.getpid(), signal.SIGINT)
                 return

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
+from kill_driver import side_log
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter, Repeater
 
@@ -28,8 +30,6 @@ from ray_dptune import (
 )
 from ray_dptune.accounting.account import SearchAccount
 from ray_dptune.accounting.search_mechanism import SearchMechanism
-
-from kill_driver import side_log  # noqa: E402 - tests/ is on the workers' path (conftest)
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -136,7 +136,7 @@ def test_a_retry_the_budget_cannot_pay_for_is_refused_and_the_search_is_not_rele
     assert states == ["completed", "completed", "refused"]
     assert not report["complete"] and "retry was refused" in report["incomplete_reason"]
     refused = [r for r in results if r.error is not None]  # Tune shows the crash; its error file says why no retry
-    assert len(refused) == 1 and "target_epsilon = 4" in (open(os.path.join(refused[0].path, "error.txt")).read())
+    assert len(refused) == 1 and "target_epsilon = 4" in Path(refused[0].path, "error.txt").read_text()
     with pytest.raises(PrivacyError, match="incomplete"):
         release_best(results)
 
@@ -196,7 +196,7 @@ def test_a_metric_stop_is_refused_before_any_trial_and_a_data_independent_one_ru
     with pytest.raises(Exception, match="FunctionStopper may stop trials by reading their results"):
         run.fit()
     assert not os.path.exists(tmp_path / "s")  # no trial started
-    built, side = tuner(tmp_path / "iterations", non_finite_scores, run_config={"stop": {"training_iteration": 2}})
+    built, _ = tuner(tmp_path / "iterations", non_finite_scores, run_config={"stop": {"training_iteration": 2}})
     report = read_report(built.fit())
     assert report["complete"] and all(t["attempts"][-1]["spent"]["steps"] == 20 for t in report["trials"].values())
 
@@ -243,7 +243,7 @@ def _ray_address() -> str:
 
 @pytest.mark.parametrize("retries", [0, 2], ids=["no-headroom", "headroom"])
 def test_ctrl_c_leaves_an_incomplete_search_that_resumes_only_within_its_budget(drivers, tmp_path, retries):
-    outcome, printed = _drive(drivers, tmp_path, "--k", "6", "--retries", str(retries), "--interrupt-after", "2")
+    _, printed = _drive(drivers, tmp_path, "--k", "6", "--retries", str(retries), "--interrupt-after", "2")
     report = json.loads((tmp_path / "search" / "privacy_report.json").read_text())
     assert not report["complete"] and "stopped before they ended" in report["incomplete_reason"]
     assert report["guarantee"]["epsilon"] <= 4.0 and report["target"]["held"]

@@ -5,9 +5,9 @@ import pytest
 
 from ray_dptune import PointMass, Poisson, PrivacyError, TrialSpend, TruncatedNegativeBinomial
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
 from ray_dptune.accounting.mechanisms import subsampled_gaussian_profile
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.spend import covering_curve, curve_from_report, report_covers
 
 

@@ -15,10 +15,10 @@ import pytest
 from ray_dptune import TrialSpend
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
 from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
-from ray_dptune.cli.main import main
 from ray_dptune.accounting.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.cli.main import main
 
 SIGMA = 5**0.5  # the Gaussian mechanism with σ = √5 is 0.1-zCDP
 SIGMA_TEXT = "2.2360679775"

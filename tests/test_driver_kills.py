@@ -19,11 +19,10 @@ import sys
 import pytest
 
 from ray_dptune.accounting.account import SearchAccount
-
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kill_driver import DELTA, PLAN  # noqa: E402
+from kill_driver import DELTA, PLAN
 
 
 def drive(
@@ -137,7 +136,7 @@ def test_a_killed_private_asha_search_never_under_counts_a_unit(drivers, tmp_pat
 
     from ray_dptune.records.journal import SearchJournal
 
-    report, starts, killed = drive(drivers, tmp_path, "asha", kills, k=2, extra=["--asha"])
+    report, _, killed = drive(drivers, tmp_path, "asha", kills, k=2, extra=["--asha"])
     assert killed >= 1
     units = [line.split()[1] for line in (tmp_path / "asha.side").read_text().splitlines() if line.startswith("unit")]
     account = SearchJournal(tmp_path / "asha" / "privacy_journal.db").account()
@@ -224,7 +223,7 @@ def test_with_the_real_dp_trainable(drivers, tmp_path):
 
 
 def test_a_new_search_into_a_used_folder_is_refused_and_the_first_report_kept(drivers, tmp_path):
-    report, _, _ = drive(drivers, tmp_path, "once", [])
+    drive(drivers, tmp_path, "once", [])
     before = (tmp_path / "once" / "privacy_report.json").read_bytes()
     import ray
 

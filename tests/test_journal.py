@@ -59,7 +59,7 @@ def test_a_second_search_is_refused_and_the_first_kept(tmp_path):
 def test_events_that_add_cost_are_synced_and_the_rest_are_not(tmp_path):
     written = journal(tmp_path)
     modes = []
-    with written._store.reading() as db:  # noqa: SLF001 - watch the pragma each commit sets
+    with written._store.reading() as db:
         db.set_trace_callback(
             lambda sql: modes.append(sql.split("=")[1]) if sql.startswith("PRAGMA synchronous=") else None
         )

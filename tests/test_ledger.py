@@ -15,8 +15,8 @@ import pytest
 
 from ray_dptune import PointMass, Poisson, PrivacyError, RDPCurve, TrialSpend
 from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.guarantee import compose_with_releases
+from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.cli.main import main
 from ray_dptune.records.ledger import PrivacyLedger
 from ray_dptune.records.store import StoreError
@@ -29,7 +29,10 @@ DELTA = 1e-5
 OTHER_ORDERS = 1.0 + np.logspace(-1.0, 2.5, 60)  # a grid that is not DEFAULT_ORDERS
 
 
-def random_count(law=PointMass(2), plan=PLAN, failed=0):
+TWO = PointMass(2)
+
+
+def random_count(law=TWO, plan=PLAN, failed=0):
     """A random-count search's guarantee, with ``failed`` retried attempts charged at the plan."""
     return _random_count(law, json.dumps(plan.to_dict()), failed)
 
@@ -234,7 +237,7 @@ def test_concurrent_writers_lose_nothing(tmp_path, kind):
         def writer(index):
             try:
                 _write_searches(path, index, guarantee)
-            except Exception as error:  # pragma: no cover - reported below
+            except Exception as error:  # noqa: BLE001 - any error of a writer thread is reported below
                 errors.append(error)
 
         workers = [threading.Thread(target=writer, args=(i,)) for i in range(4)]

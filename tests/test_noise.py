@@ -92,7 +92,7 @@ def test_steps_equal_opacus_bit_for_bit(mode, noise_multiplier):
 def test_with_in_place_noise_keeps_every_setting():
     params = [nn.Parameter(torch.zeros(3))]
     generator = torch.Generator()
-    hook = lambda optimizer: None  # noqa: E731
+    hook = lambda optimizer: None
     for opacus_class, ours in (
         (DPOptimizer, InPlaceNoiseDPOptimizer),
         (DPOptimizerFastGradientClipping, InPlaceNoiseDPOptimizerFastGradientClipping),
@@ -172,7 +172,7 @@ def test_secure_mode_and_adjusted_multiplier_run_opacus_own_noise():
             expected_batch_size=1,
             generator=torch.Generator().manual_seed(5),
         )
-        setattr(optimizer, "_adjusted_noise_multiplier", 4.0)  # as opacus.utils.adaptive_clipping does
+        optimizer._adjusted_noise_multiplier = 4.0  # as opacus.utils.adaptive_clipping does
         params[0].grad = torch.zeros(50)
         optimizer.step()
         return params[0].grad

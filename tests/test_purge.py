@@ -8,6 +8,7 @@ read whole, as text and as bytes (float64 either way round, float32), and pickle
 unpickled and walked.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -130,10 +131,8 @@ def leaks(folder, secrets, exempt=()):
                 data = file.read()
             text = data.decode("utf-8", errors="ignore").encode()
             unpickled = []
-            try:
+            with contextlib.suppress(Exception):  # not a pickle, or one that needs what is not importable here
                 unpickled = list(floats_in(cloudpickle.loads(data)))
-            except Exception:  # not a pickle, or one that needs what is not importable here
-                pass
             for value in secrets:
                 if any(needle in data or needle in text for needle in encodings(value)) or any(
                     math.isclose(value, other, rel_tol=1e-12) for other in unpickled
@@ -188,9 +187,11 @@ def test_purge_leaves_no_unreleased_score_metric_or_config(tmp_path, monkeypatch
     folder = results.experiment_path
     best, secrets = secrets_before_purge(results)
     state = next(name for name in os.listdir(folder) if name.startswith("experiment_state-"))
-    with open(os.path.join(folder, state), "rb") as source:  # an earlier session's state file
-        with open(os.path.join(folder, "experiment_state-2020-01-01_00-00-00.json"), "wb") as copy:
-            copy.write(source.read())
+    with (
+        open(os.path.join(folder, state), "rb") as source,  # an earlier session's state file
+        open(os.path.join(folder, "experiment_state-2020-01-01_00-00-00.json"), "wb") as copy,
+    ):
+        copy.write(source.read())
 
     released = release_best(results, purge=True)
     assert released.config == best.config and released.score == best.metrics["score"]

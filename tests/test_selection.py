@@ -8,8 +8,6 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 from ray_dptune.accounting import RDPCurve, gaussian_profile, generic_repeat_and_select, repeat_and_select
-from ray_dptune.accounting.generic import add_no_run_atom
-from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
 from ray_dptune.accounting.distributions import (
     Geometric,
     Logarithmic,
@@ -18,6 +16,8 @@ from ray_dptune.accounting.distributions import (
     RunCountDistribution,
     TruncatedNegativeBinomial,
 )
+from ray_dptune.accounting.generic import add_no_run_atom
+from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 SIGMA = math.sqrt(5.0)  # 0.1-zCDP

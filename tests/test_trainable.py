@@ -29,8 +29,8 @@ from torch.utils.data import Subset
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
 from ray_dptune.training import (
-    SpendGuard,
     PrivacyParams,
+    SpendGuard,
     TrainState,
     digits_cnn,
     digits_data,
