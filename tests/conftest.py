@@ -7,6 +7,9 @@
   imported then, so that the tier starts without Ray or torch.
 - ``pytest --exhaustive``: also the exhaustive grids (tests marked ``exhaustive``: the whole
   exact-audit grid of tests/test_exact_audit.py); the default run audits a seeded subset of them.
+- ``pytest --part ray`` / ``--part rest``: the tests on the shared Ray session, or all the others;
+  scripts/test.sh runs the two parts at once (the first mostly waits on Ray's processes, the
+  second is mostly one core of math).
 """
 
 import os
@@ -30,6 +33,12 @@ def pytest_addoption(parser):
         action="store_true",
         default=False,
         help="also run the exhaustive grids (tests marked exhaustive: the whole exact-audit grid, minutes)",
+    )
+    parser.addoption(
+        "--part",
+        choices=("all", "ray", "rest"),
+        default="all",
+        help="ray: only the tests on the shared Ray session; rest: only the others (scripts/test.sh runs both at once)",
     )
 
 
@@ -93,6 +102,11 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def on_ray_session(item) -> bool:
+    """Whether the test runs on the shared Ray session (``--part ray``)."""
+    return "ray_session" in getattr(item, "fixturenames", ())
+
+
 def is_fast(item) -> bool:
     """Fast: no Ray session or other heavy fixture, and not marked slow or exhaustive."""
     if any(item.get_closest_marker(name) for name in ("slow", "exhaustive")):
@@ -122,8 +136,14 @@ def pytest_collection_modifyitems(config, items):
             "or take the module out of NO_FAST_TESTS in tests/conftest.py"
         )
 
+    part = config.getoption("part")
+    if part != "all":
+        keep = [item for item in items if on_ray_session(item) == (part == "ray")]
+        config.hook.pytest_deselected(items=[item for item in items if on_ray_session(item) != (part == "ray")])
+        items[:] = keep
+
     def rank(item):
-        if "ray_session" in getattr(item, "fixturenames", ()):
+        if on_ray_session(item):
             return 2
         return 1 if item.path.name == "test_multinode.py" else 0
 
