@@ -503,8 +503,10 @@ def _ms(seconds: float) -> str:
 def epsilon_table(rows: list[Row]) -> list[str]:
     """Markdown table of the ε columns of one family."""
     lines = [
-        ("| setting | law | E[K] | E[K] ours | ε_dp | ε_dp + K=0 atom | ε_ours_same | same/(dp+atom) − 1 "
-        "| ε_closed | ε_ours_exact | ε_default | default gain |"),
+        (
+            "| setting | law | E[K] | E[K] ours | ε_dp | ε_dp + K=0 atom | ε_ours_same | same/(dp+atom) − 1 "
+            "| ε_closed | ε_ours_exact | ε_default | default gain |"
+        ),
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
@@ -520,8 +522,10 @@ def epsilon_table(rows: list[Row]) -> list[str]:
 def timing_table(rows: list[Row]) -> list[str]:
     """Markdown table of median times (ms) and ratios."""
     lines = [
-        ("| setting | law | E[K] | dp (ms) | ours same orders (ms) | ours closed forms (ms) | ours default (ms) "
-        "| closed/dp | default/dp | repeats dp/same/closed/default |"),
+        (
+            "| setting | law | E[K] | dp (ms) | ours same orders (ms) | ours closed forms (ms) | ours default (ms) "
+            "| closed/dp | default/dp | repeats dp/same/closed/default |"
+        ),
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
@@ -591,8 +595,10 @@ def markdown(rows: list[Row], summary: dict, env: dict) -> str:
         f"- Command: `{env['command']}`",
         f"- Date (UTC): {env['date']}",
         f"- ray_dptune: commit {env['git_commit']}",
-        (f"- Versions: Python {env['python']}, numpy {env['numpy']}, scipy {env['scipy']}, "
-        f"dp_accounting {env['dp_accounting']}"),
+        (
+            f"- Versions: Python {env['python']}, numpy {env['numpy']}, scipy {env['scipy']}, "
+            f"dp_accounting {env['dp_accounting']}"
+        ),
         f"- Machine: {env['machine']}",
         f"- Orders: dp_accounting default {env['dp_orders']}; ours default {env['our_orders']}.",
         "",
@@ -606,19 +612,27 @@ def markdown(rows: list[Row], summary: dict, env: dict) -> str:
         "- ε_ours_same: ours with the base curve on dp_accounting's orders (same base curve).",
         "- ε_closed: ours on our default orders, closed forms only (P&S Thm 2 / Thm 6; `generic=False`).",
         "- ε_ours_exact: Poisson on a Gaussian base only, `base_delta=gaussian_profile(σ)`.",
-        ("- ε_default: the library default: closed forms ∧ certified P&S Lemma 7, DP-SGD orders chosen adaptively "
-        "(`ray_dptune.accounting.adaptive_orders`); on DP-SGD the exact PLD profile (Poisson: δ̂ of Thm 6; TNB: "
-        "Lemma 7's trade-off constraints)."),
-        ("- E[K] ours: the exact mean of our law. `TruncatedNegativeBinomial.from_mean` returns the largest "
-        "mean not above the request; dp_accounting rounds γ down (mean at or above the request, 1e-9 relative)."),
-        ("- Times: median wall time (`time.perf_counter`) of building the base curve and the law, "
-        "repeat-and-select and ε(δ), the four methods called round-robin with the order rotating. "
-        "Up to 7 calls (3 with --quick), fewer (at least 3) when a row would take more than ~1 s per method "
-        "(default 1.5 s). The library caches a DP-SGD base's PLD profile per (q, σ, T), "
-        "but the default is timed cold: every cache is emptied before each call (`clear_profile_caches`)."),
-        (f"- dp_accounting 'failed to converge' warnings (fractional-order series of the subsampled Gaussian; "
-        f"the order then gets no bound) during the run: {env['dp_accounting_convergence_warnings']} "
-        "(silenced and counted)."),
+        (
+            "- ε_default: the library default: closed forms ∧ certified P&S Lemma 7, DP-SGD orders chosen adaptively "
+            "(`ray_dptune.accounting.adaptive_orders`); on DP-SGD the exact PLD profile (Poisson: δ̂ of Thm 6; TNB: "
+            "Lemma 7's trade-off constraints)."
+        ),
+        (
+            "- E[K] ours: the exact mean of our law. `TruncatedNegativeBinomial.from_mean` returns the largest "
+            "mean not above the request; dp_accounting rounds γ down (mean at or above the request, 1e-9 relative)."
+        ),
+        (
+            "- Times: median wall time (`time.perf_counter`) of building the base curve and the law, "
+            "repeat-and-select and ε(δ), the four methods called round-robin with the order rotating. "
+            "Up to 7 calls (3 with --quick), fewer (at least 3) when a row would take more than ~1 s per method "
+            "(default 1.5 s). The library caches a DP-SGD base's PLD profile per (q, σ, T), "
+            "but the default is timed cold: every cache is emptied before each call (`clear_profile_caches`)."
+        ),
+        (
+            f"- dp_accounting 'failed to converge' warnings (fractional-order series of the subsampled Gaussian; "
+            f"the order then gets no bound) during the run: {env['dp_accounting_convergence_warnings']} "
+            "(silenced and counted)."
+        ),
     ]
     for family, title in [
         ("zcdp", "0.1-zCDP base (P&S Figure 4), δ = 1e-6"),

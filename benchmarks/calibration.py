@@ -82,8 +82,10 @@ def main() -> None:
     lines += [f"| {e:g} | {n} | {o:.4f} | {t:.4f} | {r:.1%} | {a:.1f} | {b:.1f} |" for e, n, o, t, r, a, b in rows]
     lines += [
         "",
-        ("What the smaller σ buys on digits (released trial's held-out accuracy, paired searches): "
-        "`benchmarks/calibration_utility.py`, results in `calibration_utility.md`."),
+        (
+            "What the smaller σ buys on digits (released trial's held-out accuracy, paired searches): "
+            "`benchmarks/calibration_utility.py`, results in `calibration_utility.md`."
+        ),
     ]
     RESULTS.write_text("\n".join(lines) + "\n")
 

@@ -103,16 +103,20 @@ def render(record: dict[str, Any]) -> str:
         "",
         *bench.header_lines(env, f"{record['runtime_s']:.0f} s"),
         "",
-        (f"Setting: the Poisson(8) random-count search of `benchmarks/private_scheduler.py` (digits, batch 64, "
-        f"q = 64/1437, {plan.steps} steps a trial, δ = {bench.DELTA:g}). σ_ours is `calibrate_noise_multiplier`'s "
-        "(the default, tightest bound); σ_dp is dp_accounting's `RdpAccountant` with `RepeatAndSelectDpEvent`. "
-        "Each pair is one search run twice with the same seeds (same K, configurations, initialisations, "
-        "batches and noise draws up to σ): equal compute. Accuracy is the released trial's on 180 held-out "
-        "images; Δ = ours − dp_accounting with a paired 95 % t-interval over pairs that released a trial "
-        "(K = 0 releases nothing in both)."),
+        (
+            f"Setting: the Poisson(8) random-count search of `benchmarks/private_scheduler.py` (digits, batch 64, "
+            f"q = 64/1437, {plan.steps} steps a trial, δ = {bench.DELTA:g}). σ_ours is `calibrate_noise_multiplier`'s "
+            "(the default, tightest bound); σ_dp is dp_accounting's `RdpAccountant` with `RepeatAndSelectDpEvent`. "
+            "Each pair is one search run twice with the same seeds (same K, configurations, initialisations, "
+            "batches and noise draws up to σ): equal compute. Accuracy is the released trial's on 180 held-out "
+            "images; Δ = ours − dp_accounting with a paired 95 % t-interval over pairs that released a trial "
+            "(K = 0 releases nothing in both)."
+        ),
         "",
-        ("| total ε | σ ours | σ dp_accounting | σ reduction | pairs | K = 0 | mean K | held-out ours | "
-        "held-out dp_accounting | Δ (paired) | ours better / worse |"),
+        (
+            "| total ε | σ ours | σ dp_accounting | σ reduction | pairs | K = 0 | mean K | held-out ours | "
+            "held-out dp_accounting | Δ (paired) | ours better / worse |"
+        ),
         "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for epsilon, row in record["summary"].items():

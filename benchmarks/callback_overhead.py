@@ -124,9 +124,11 @@ def sweep_part(trials: int) -> list[str]:
     return [
         "## Part 2: a real sweep",
         "",
-        (f"{trials} trials in Tune (2 at a time, one report each), callback + SQLite ledger: "
-        f"{per_trial_ms:.3f} ms per trial inside the callback's hooks, out of {1e3 * wall / trials:.0f} ms "
-        "of wall time per trial (Tune's own scheduling dominates)."),
+        (
+            f"{trials} trials in Tune (2 at a time, one report each), callback + SQLite ledger: "
+            f"{per_trial_ms:.3f} ms per trial inside the callback's hooks, out of {1e3 * wall / trials:.0f} ms "
+            "of wall time per trial (Tune's own scheduling dominates)."
+        ),
     ]
 
 
@@ -138,10 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# PrivacyAccountantCallback and ledger overhead per trial",
         "",
-        (f"Command: `.venv/bin/python benchmarks/callback_overhead.py --trials {args.trials}"
-        f"{' --hooks-only' if args.hooks_only else ''}`  "),
-        (f"Date: {datetime.date.today()}; Python {sys.version.split()[0]}; 2-core CPU. Goal: ≤ 1 ms per trial, "
-        "memory flat (constant growth per trial: each trial's attempts are kept for the report)."),
+        (
+            f"Command: `.venv/bin/python benchmarks/callback_overhead.py --trials {args.trials}"
+            f"{' --hooks-only' if args.hooks_only else ''}`  "
+        ),
+        (
+            f"Date: {datetime.date.today()}; Python {sys.version.split()[0]}; 2-core CPU. Goal: ≤ 1 ms per trial, "
+            "memory flat (constant growth per trial: each trial's attempts are kept for the report)."
+        ),
         "",
         *hooks_part(args.trials),
         "",

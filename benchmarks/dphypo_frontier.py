@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     law_trials = lambda n: rng.geometric(args.gamma, size=n)
     uniform = {}
     for name, mean in (("digits", digits_at(sigma_u)), ("synthetic", synthetic)):
-        values = bench.uniform_searches(mean, np.full(320, 0.1), law_trials(args.uniform_reps), int(rng.integers(2**63)))
+        values = bench.uniform_searches(
+            mean, np.full(320, 0.1), law_trials(args.uniform_reps), int(rng.integers(2**63))
+        )
         uniform[name] = bench.mean_ci(values)
     tasks = []
     t = law_trials(args.reps)  # common random numbers: the same T draws and seeds for every configuration

@@ -183,21 +183,29 @@ def main(argv: list[str] | None = None) -> int:
         f"- Date (UTC): {env['date']}",
         f"- Versions: {env['versions']}",
         f"- Machine: {env['machine']}; torch threads: 1",
-        (f"- {args.rounds} rounds × {args.reps} steps per set-up, order rotating; medians of single steps;"
-        f" {'one ew step at batch 256 (~1 GB) between rounds' if args.churn else 'no churn'}."),
+        (
+            f"- {args.rounds} rounds × {args.reps} steps per set-up, order rotating; medians of single steps;"
+            f" {'one ew step at batch 256 (~1 GB) between rounds' if args.churn else 'no churn'}."
+        ),
         "",
         "| part | ours ms | Opacus's optimizer ms |",
         "|---|--:|--:|",
     ]
     lines += [f"| {part} | {median['ours'][part]:.2f} | {median['opacus'][part]:.2f} |" for part in PARTS]
     lines += [
-        (f"| **step** | **{median['ours']['step']:.2f}** ({median['ours']['step'] / base:.2f}×) "
-        f"| **{median['opacus']['step']:.2f}** ({median['opacus']['step'] / base:.2f}×) |"),
+        (
+            f"| **step** | **{median['ours']['step']:.2f}** ({median['ours']['step'] / base:.2f}×) "
+            f"| **{median['opacus']['step']:.2f}** ({median['opacus']['step'] / base:.2f}×) |"
+        ),
         "",
-        (f"Non-private step: {base:.2f} ms (forward {median['non-private']['forward']:.2f}, backward "
-        f"{median['non-private']['backward']:.2f}, SGD step {median['non-private']['SGD step']:.2f})."),
-        (f"The Gaussian draws alone (`normal_` of {spec_parameters(plain):,} floats into a kept buffer, same rounds): "
-        f"{median['draws']['step']:.2f} ms ({median['draws']['step'] / base:.2f}× the non-private step)."),
+        (
+            f"Non-private step: {base:.2f} ms (forward {median['non-private']['forward']:.2f}, backward "
+            f"{median['non-private']['backward']:.2f}, SGD step {median['non-private']['SGD step']:.2f})."
+        ),
+        (
+            f"The Gaussian draws alone (`normal_` of {spec_parameters(plain):,} floats into a kept buffer, same rounds): "
+            f"{median['draws']['step']:.2f} ms ({median['draws']['step'] / base:.2f}× the non-private step)."
+        ),
         "",
     ]
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -566,8 +566,10 @@ def render(record: dict[str, Any]) -> str:
         *header_lines(env, f"{record['runtime_s']:.0f} s (calibration {record['calibration_s']:.0f} s)"),
         "",
         "Setting (`benchmarks/private_scheduler.py`'s docstring has the details): digits, `digits_cnn`, DP-SGD",
-        (f"with batch {BATCH_SIZE} (q = 64/1437, {steps // MAX_T} steps an epoch), a whole trial = {MAX_T} epochs = "
-        f"{steps} steps, δ = {DELTA:g};"),
+        (
+            f"with batch {BATCH_SIZE} (q = 64/1437, {steps // MAX_T} steps an epoch), a whole trial = {MAX_T} epochs = "
+            f"{steps} steps, δ = {DELTA:g};"
+        ),
         f"space lr ∈ loguniform{LR_RANGE}, max_grad_norm ∈ uniform{CLIP_RANGE}. Private ASHA: milestones 1, 3, 9",
         "epochs (grace 1, η = 3); one bracket is accounted by composing its budget, K ~ law brackets",
         "(`repetitions=`) by P&S over one bracket. The public validation set is split once into 180 selection",
@@ -591,8 +593,10 @@ def render(record: dict[str, Any]) -> str:
         lines += [
             f"## Total ε = {float(epsilon):g} ({n} searches per method)",
             "",
-            ("| method | σ | search ε | trials | DP-SGD steps | planned | none | selection acc | held-out acc | "
-            "worst | Δ vs Poisson(8) | Δ vs TNB(8) |"),
+            (
+                "| method | σ | search ε | trials | DP-SGD steps | planned | none | selection acc | held-out acc | "
+                "worst | Δ vs Poisson(8) | Δ vs TNB(8) |"
+            ),
             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
         ]
         for method, row in rows.items():

@@ -97,15 +97,19 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `.venv/bin/python benchmarks/tune_overhead.py --trials {args.trials} --rounds {args.rounds}`  ",
         f"Date: {datetime.date.today()}; ray {ray.__version__}; Python {sys.version.split()[0]}; 2-core CPU.",
         "",
-        (f"{args.trials} trials of {EPOCHS} reports each (0.05 s apart), 2 concurrent, one Ray session, "
-        "runs alternating."),
+        (
+            f"{args.trials} trials of {EPOCHS} reports each (0.05 s apart), 2 concurrent, one Ray session, "
+            "runs alternating."
+        ),
         "",
         "| round | plain Tune (s) | ray_dptune (s) | ratio |",
         "|---|--:|--:|--:|",
         *[f"| {i + 1} | {a:.2f} | {o:.2f} | {o / a:.3f} |" for i, (a, o) in enumerate(zip(anchor, ours))],
         "",
-        (f"**Median over rounds of ray_dptune / plain Tune: {ratio:.3f}** (goal ≤ 1.05); ratio of the "
-        f"medians: {statistics.median(ours) / statistics.median(anchor):.3f}."),
+        (
+            f"**Median over rounds of ray_dptune / plain Tune: {ratio:.3f}** (goal ≤ 1.05); ratio of the "
+            f"medians: {statistics.median(ours) / statistics.median(anchor):.3f}."
+        ),
     ]
     RESULTS.write_text("\n".join(lines) + "\n")
     print(f"median ratio ours/plain = {ratio:.3f}; wrote {RESULTS}")

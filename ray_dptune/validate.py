@@ -121,7 +121,9 @@ def probability(name: str, value: Any, *, open_left: bool = False, open_right: b
 def integer(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None, whole_floats: bool = False) -> int:
     """An int in [minimum, maximum]; a float that is a whole number is accepted only with ``whole_floats``."""
     exact_int = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-    whole_float = whole_floats and isinstance(value, (float, np.floating)) and math.isfinite(value) and value == int(value)
+    whole_float = (
+        whole_floats and isinstance(value, (float, np.floating)) and math.isfinite(value) and value == int(value)
+    )
     if exact_int or whole_float:
         result = int(value)
     else:

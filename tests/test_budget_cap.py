@@ -113,8 +113,9 @@ def starts(side) -> list[str]:
 
 def epsilon_with(charged: int, *, k: int, sigma: float) -> float:
     """The account's ε of a PointMass(k) search with ``charged`` attempts composed on top (the truth to compare)."""
-    account = SearchAccount(SearchMechanism.random_count(law=PointMass(k), num_trials=k), delta=DELTA,
-                            plan=plan_for(sigma).to_dict())
+    account = SearchAccount(
+        SearchMechanism.random_count(law=PointMass(k), num_trials=k), delta=DELTA, plan=plan_for(sigma).to_dict()
+    )
     return account.guarantee(extra_charges=charged).epsilon
 
 
@@ -142,8 +143,9 @@ def test_a_retry_the_budget_cannot_pay_for_is_refused_and_the_search_is_not_rele
 
 
 def test_reserved_retries_pay_for_every_crash_and_the_best_finished_trial_is_released(tmp_path):
-    built, side = tuner(tmp_path, crash_once, retries=3,
-                        run_config={"failure_config": tune.FailureConfig(max_failures=1)})
+    built, side = tuner(
+        tmp_path, crash_once, retries=3, run_config={"failure_config": tune.FailureConfig(max_failures=1)}
+    )
     sigma = built._local_tuner.param_space["noise_multiplier"]
     assert epsilon_with(3, k=3, sigma=sigma) <= 4.0 < epsilon_with(3, k=3, sigma=sigma * 0.99)  # calibrated with them
     results = built.fit()
@@ -190,8 +192,13 @@ def test_a_metric_stop_is_refused_before_any_trial_and_a_data_independent_one_ru
         crash_once,
         param_space={"x": 0.5, "noise_multiplier": 1.0, "side_file": str(tmp_path / "s"), "folder": str(tmp_path)},
         tune_config=private_tune_config(searcher),
-        run_config=tune.RunConfig(name="metric-stop", storage_path=str(tmp_path), callbacks=[callback],
-                                  stop=lambda trial_id, result: result["score"] > 0.3, verbose=0),
+        run_config=tune.RunConfig(
+            name="metric-stop",
+            storage_path=str(tmp_path),
+            callbacks=[callback],
+            stop=lambda trial_id, result: result["score"] > 0.3,
+            verbose=0,
+        ),
     )
     with pytest.raises(Exception, match="FunctionStopper may stop trials by reading their results"):
         run.fit()
@@ -205,8 +212,12 @@ def test_concurrency_limiter_is_accepted_and_repeater_refused_before_any_trial(t
     searcher = RandomCountSearcher(PointMass(3), metric="score", mode="max", seed=1)
     limited = ConcurrencyLimiter(searcher, max_concurrent=2)
     callback = PrivacyAccountantCallback(limited, delta=DELTA, plan=plan_for(1.0), target_epsilon=20.0)
-    space = {"x": tune.uniform(0, 1), "noise_multiplier": 1.0, "side_file": str(tmp_path / "s"),
-             "folder": str(tmp_path)}
+    space = {
+        "x": tune.uniform(0, 1),
+        "noise_multiplier": 1.0,
+        "side_file": str(tmp_path / "s"),
+        "folder": str(tmp_path),
+    }
     results = tune.Tuner(
         non_finite_scores,
         param_space=space,
@@ -232,7 +243,7 @@ def _drive(drivers, tmp_path, *args):
     process = drivers.run("budget_driver", argv, env=env, timeout=300)
     lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, process.stdout[-3000:] + process.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):]), process.stdout
+    return json.loads(lines[-1][len("RESULT ") :]), process.stdout
 
 
 def _ray_address() -> str:

@@ -153,7 +153,9 @@ def capped(k=1, room=0, searcher=None):
     from ray_dptune.accounting.account import SearchAccount
     from ray_dptune.accounting.search_mechanism import SearchMechanism
 
-    selection = SearchAccount(SearchMechanism.random_count(law=PointMass(k), num_trials=k), delta=1e-5, plan=PLAN.to_dict())
+    selection = SearchAccount(
+        SearchMechanism.random_count(law=PointMass(k), num_trials=k), delta=1e-5, plan=PLAN.to_dict()
+    )
     target = selection.guarantee(extra_charges=room).epsilon * 1.001
     assert selection.guarantee(extra_charges=room + 1).epsilon > target
     searcher = searcher or RandomCountSearcher(PointMass(k), seed=0)
@@ -226,10 +228,15 @@ def test_the_cap_is_exact_at_its_edge(scale, admitted):
     from ray_dptune.accounting.account import SearchAccount
     from ray_dptune.accounting.search_mechanism import SearchMechanism
 
-    account = SearchAccount(SearchMechanism.random_count(law=PointMass(1), num_trials=1), delta=1e-5, plan=PLAN.to_dict())
+    account = SearchAccount(
+        SearchMechanism.random_count(law=PointMass(1), num_trials=1), delta=1e-5, plan=PLAN.to_dict()
+    )
     after_retry = account.guarantee(extra_charges=1).epsilon
     accountant = PrivacyAccountantCallback(
-        RandomCountSearcher(PointMass(1), seed=0), delta=1e-5, plan=PLAN, target_epsilon=after_retry * scale,
+        RandomCountSearcher(PointMass(1), seed=0),
+        delta=1e-5,
+        plan=PLAN,
+        target_epsilon=after_retry * scale,
         verbose=False,
     )
     accountant.on_trial_start(0, [], TRIAL)

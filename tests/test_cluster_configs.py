@@ -695,7 +695,8 @@ def test_readme_restore_snippet_rebuilds_the_quickstarts_trainable(quickstart):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
     (snippet,) = [block for block in blocks if "Tuner.restore" in block]
     calls = [
-        node for node in ast.walk(ast.parse(snippet))
+        node
+        for node in ast.walk(ast.parse(snippet))
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dp_trainable"
     ]
     assert len(calls) == 1, "one trainable, built once"

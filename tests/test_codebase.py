@@ -191,6 +191,8 @@ def test_the_rules_catch_what_they_forbid():
     assert _exported_but_not_owned(reexport) == ["is_fixed"]
     circle = {"ray_dptune.a": {"ray_dptune.b"}, "ray_dptune.b": {"ray_dptune.a"}, "ray_dptune.c": {"ray_dptune.a"}}
     assert _import_cycles(circle) == [["ray_dptune.a", "ray_dptune.b"]]
-    late = ast.parse("import ray\nfrom ray_dptune.records import ledger\ndef f():\n    from ray_dptune.tune import guard\n")
+    late = ast.parse(
+        "import ray\nfrom ray_dptune.records import ledger\ndef f():\n    from ray_dptune.tune import guard\n"
+    )
     modules = {"ray_dptune.records", "ray_dptune.records.ledger", "ray_dptune.tune.guard", "ray_dptune.tune"}
     assert _imports(late, modules) == {"ray_dptune.records.ledger", "ray_dptune.tune.guard"}

@@ -237,7 +237,9 @@ def test_a_new_search_into_a_used_folder_is_refused_and_the_first_report_kept(dr
 
 
 def test_replaying_a_journal_after_a_restore_charges_every_live_attempt():
-    account = SearchAccount(SearchMechanism.random_count(law=_point_mass(2), num_trials=2), delta=DELTA, plan=PLAN.to_dict())
+    account = SearchAccount(
+        SearchMechanism.random_count(law=_point_mass(2), num_trials=2), delta=DELTA, plan=PLAN.to_dict()
+    )
     for event in (
         {"type": "suggested", "trial_id": "a", "accounted": True},
         {"type": "started", "trial_id": "a", "accounted": True},

@@ -100,7 +100,9 @@ def test_the_running_search_is_added_as_extra(tmp_path):
 
 def test_the_ledger_shows_each_search_s_epsilon_as_its_account_computed_it(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.db")
-    account = SearchAccount(SearchMechanism.random_count(law=Poisson(3.0), num_trials=9), delta=DELTA, plan=PLAN.to_dict())
+    account = SearchAccount(
+        SearchMechanism.random_count(law=Poisson(3.0), num_trials=9), delta=DELTA, plan=PLAN.to_dict()
+    )
     ledger.record_account("real", dataset="real", account=account, searcher="RandomCountSearcher", journal=None)
     own = account.guarantee(if_stopped_now=True)
     [row] = ledger.searches("real", delta=DELTA)

@@ -68,7 +68,9 @@ def test_about_one_in_eta_goes_on_and_the_best_at_the_top_rung_is_released(mode)
 
 
 def halving_account(budget_units=9, plan=PLAN):
-    return SearchAccount(SearchMechanism.halving(budget_units=budget_units, max_t=MAX_T), delta=DELTA, plan=plan.to_dict())
+    return SearchAccount(
+        SearchMechanism.halving(budget_units=budget_units, max_t=MAX_T), delta=DELTA, plan=plan.to_dict()
+    )
 
 
 def charge(account, event):
@@ -195,7 +197,9 @@ def test_the_callback_charges_a_trial_that_ran_past_its_charge_durably_before_it
         asha.searcher, delta=DELTA, plan=PLAN, journal_path=journal_path, verbose=False
     )
     controller = SimpleNamespace(scheduler_alg=asha, search_alg=SimpleNamespace(searcher=asha.searcher))
-    monkeypatch.setattr("ray_dptune.tune.accountant.running_controller", lambda: controller)  # as TuneController runs it
+    monkeypatch.setattr(
+        "ray_dptune.tune.accountant.running_controller", lambda: controller
+    )  # as TuneController runs it
     accountant.setup(num_samples=-1)
     trial = SimpleNamespace(trial_id="a", config=asha.searcher.suggest("a"))
     assert isinstance(asha.searcher.suggest("b"), dict)  # 2 of the budget's 3 units charged at suggestion

@@ -22,7 +22,12 @@ def test_the_report_stays_at_the_printed_path(tmp_path):
     args = ["--epochs", "1", "--mean", "2", "--seed", "1", "--storage-path", str(storage), "--name", "run"]
     environment = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     process = subprocess.run(
-        [sys.executable, str(QUICKSTART), *args], check=False, env=environment, capture_output=True, text=True, timeout=600
+        [sys.executable, str(QUICKSTART), *args],
+        check=False,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert process.returncode == 0, process.stderr[-3000:]
     (printed,) = re.findall(r"^Privacy report: (\S+)$", process.stdout, re.MULTILINE)

@@ -155,7 +155,9 @@ def test_spending_above_the_plan_stops_the_search(tmp_path):
     from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
 
     def planned(plan):
-        return SearchAccount(SearchMechanism.random_count(law=PointMass(1), num_trials=1), delta=DELTA, plan=plan.to_dict())
+        return SearchAccount(
+            SearchMechanism.random_count(law=PointMass(1), num_trials=1), delta=DELTA, plan=plan.to_dict()
+        )
 
     ran = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=41)
     journaled = SearchJournal(str(tmp_path / "search" / JOURNAL_FILE)).account().guarantee().epsilon

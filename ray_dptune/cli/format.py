@@ -138,8 +138,10 @@ def format_calibration(result: dict[str, Any], *, schedule: TrialSchedule) -> st
     return "\n".join(
         [
             f"Target for the whole search: ε = {result['epsilon_target']:g}, δ = {result['delta']:g}",
-            (f"Search: K ~ {law['name']} with E[K] = {law['mean']:.6g}, the best trial released; "
-            f"{retries} retr{plural} reserved"),
+            (
+                f"Search: K ~ {law['name']} with E[K] = {law['mean']:.6g}, the best trial released; "
+                f"{retries} retr{plural} reserved"
+            ),
             f"Trial: {schedule.description}",
             "",
             *(f"{label.ljust(width)}  {value}" for label, value in rows),

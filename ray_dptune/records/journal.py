@@ -104,7 +104,10 @@ class SearchJournal:
             raise PrivacyError(f"{self.path} holds no search record.")
         record = search["record"]
         account = SearchAccount(
-            SearchMechanism.from_dict(record["mechanism"]), delta=record["delta"], plan=record.get("plan"), generic=generic
+            SearchMechanism.from_dict(record["mechanism"]),
+            delta=record["delta"],
+            plan=record.get("plan"),
+            generic=generic,
         )
         for event in self.events():
             account.apply(event)

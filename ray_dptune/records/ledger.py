@@ -137,9 +137,7 @@ class PrivacyLedger:
                 )
             db.execute(_UPSERT, row)
 
-    def record_account(
-        self, search_id: str, *, dataset: str, account: Any, searcher: str, journal: str | None
-    ) -> None:
+    def record_account(self, search_id: str, *, dataset: str, account: Any, searcher: str, journal: str | None) -> None:
         """Records a search's account as it stands: its worst case (every live attempt charged) and a summary."""
         guarantee = account.guarantee(if_stopped_now=True)
         summary = {

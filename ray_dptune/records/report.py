@@ -12,7 +12,15 @@ from typing import Any
 
 from ray_dptune.errors import PrivacyError
 
-__all__ = ["REPORT_FILE", "REPORT_VERSION", "PrivacyReport", "read_report", "searcher_report", "write_report", "write_search_report"]
+__all__ = [
+    "REPORT_FILE",
+    "REPORT_VERSION",
+    "PrivacyReport",
+    "read_report",
+    "searcher_report",
+    "write_report",
+    "write_search_report",
+]
 
 REPORT_FILE = "privacy_report.json"
 REPORT_VERSION = 3

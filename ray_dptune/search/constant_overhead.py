@@ -48,7 +48,6 @@ __all__ = ["ConstantOverheadSearcher"]
 logger = logging.getLogger(__name__)
 
 
-
 class ConstantOverheadSearcher(PrivateSearcher):
     """Constant-overhead DP hyperparameter tuning (Ding et al., Algorithm 1) as a Tune searcher.
 

@@ -46,7 +46,9 @@ from ray_dptune.search.dpbo_settings import (
 )
 from ray_dptune.search.gp import gp_posterior
 
-require_extra("dphypo", __name__)  # BoTorch itself loads at the first GP posterior; a missing one fails here, before a search
+require_extra(
+    "dphypo", __name__
+)  # BoTorch itself loads at the first GP posterior; a missing one fails here, before a search
 
 __all__ = ["DPBOSearcher", "draw_index"]
 

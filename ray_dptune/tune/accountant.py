@@ -153,7 +153,9 @@ class PrivacyAccountantCallback(Callback):
         guarantee = self._account.guarantee(if_stopped_now=if_stopped_now)
         mechanism = self._account.mechanism
         described = dict(mechanism.params["description"]) if mechanism.kind == "release" else {}
-        dataset_epsilon = None if self._ledger is None else self._ledger.dataset_epsilon(guarantee, delta=self._account.delta)
+        dataset_epsilon = (
+            None if self._ledger is None else self._ledger.dataset_epsilon(guarantee, delta=self._account.delta)
+        )
         return {**described, **guarantee.to_dict(), "epsilon_dataset": dataset_epsilon}
 
     @property
@@ -356,11 +358,17 @@ class PrivacyAccountantCallback(Callback):
     # ------------------------------------------------------------------ ledger and target
     def _update_ledger(self, *, force: bool = False) -> None:
         if self._ledger is not None:
-            self._ledger.update(self._account, journal=None if self._journal is None else self._journal.path, force=force)
+            self._ledger.update(
+                self._account, journal=None if self._journal is None else self._journal.path, force=force
+            )
 
     def _total_epsilon(self, guarantee: Guarantee) -> float | None:
         """The ε the budget applies to: the dataset's total with a ledger, else the search's."""
-        return guarantee.epsilon if self._ledger is None else self._ledger.dataset_epsilon(guarantee, delta=self._account.delta)
+        return (
+            guarantee.epsilon
+            if self._ledger is None
+            else self._ledger.dataset_epsilon(guarantee, delta=self._account.delta)
+        )
 
     # ------------------------------------------------------------------ helpers
     def _log_progress(self) -> None:

@@ -157,8 +157,10 @@ def _reserved_retries(retries: int | None, run_config: tune.RunConfig | None, me
     which pays every attempt from its budget of time units)."""
     if mechanism.kind == "halving":
         if retries:
-            raise ValueError("A private halving search pays every attempt from its budget of time units: retries= "
-                             "does not apply; raise budget_trials instead.")
+            raise ValueError(
+                "A private halving search pays every attempt from its budget of time units: retries= "
+                "does not apply; raise budget_trials instead."
+            )
         return 0
     if retries is not None:
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
@@ -174,9 +176,7 @@ def _reserved_retries(retries: int | None, run_config: tune.RunConfig | None, me
     return max_failures
 
 
-def _searcher(
-    law: RunCountDistribution | None, searcher: Any, metric: str | None, mode: str | None
-) -> PrivateSearcher:
+def _searcher(law: RunCountDistribution | None, searcher: Any, metric: str | None, mode: str | None) -> PrivateSearcher:
     if (law is None) == (searcher is None):
         raise ValueError("Give exactly one of law= (a random-count search) and searcher= (any DP searcher).")
     if searcher is None:
@@ -208,7 +208,9 @@ def _plan_factory(trainable: Any, param_space: dict[str, Any], searcher: Private
     return plan_for
 
 
-def _tune_config(search_alg: Any, given: tune.TuneConfig | None, *, metric: str | None, mode: str | None) -> tune.TuneConfig:
+def _tune_config(
+    search_alg: Any, given: tune.TuneConfig | None, *, metric: str | None, mode: str | None
+) -> tune.TuneConfig:
     """The user's TuneConfig, with the private search's searcher, guard and ``num_samples=-1``."""
     selection = {key: value for key, value in (("metric", metric), ("mode", mode)) if value is not None}
     if given is None:
