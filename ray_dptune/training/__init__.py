@@ -19,6 +19,7 @@ with extra_imports("train", __name__):
 
 from ray_dptune.accounting.spend import sampling_schedule
 from ray_dptune.result_keys import PARTITION_KEY
+from ray_dptune.training.automatic import AutomaticClipDPOptimizer, automatic_clipping
 from ray_dptune.training.clipping import ClippingMode
 from ray_dptune.training.data import digits_data
 from ray_dptune.training.loop import Report, train, train_step
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_GRAD_SAMPLE_MODE",
     "PARTITION_KEY",
     "PRIVACY_KEYS",
+    "AutomaticClipDPOptimizer",
     "ClippingMode",
     "DPTrainable",
     "GradSampleMode",
@@ -50,6 +52,7 @@ __all__ = [
     "SpendGuard",
     "TrainSpec",
     "TrainState",
+    "automatic_clipping",
     "digits_cnn",
     "digits_data",
     "dp_trainable",

@@ -7,6 +7,9 @@
 * ``"oso"``: OSO-DPSGD (Galli et al., Algorithm 1) learns C_t from C_0 = ``max_grad_norm``
   and SGD's ρ_t from ρ_0 = ``lr``; keys ``oso_rho_c`` (ρ_c, 2.5e-3), ``oso_rho_r``
   (ρ_r, 2.5e-3), ``oso_noise_multiplier_q`` (ν_q, ≈ 7.124·ν).
+* ``"automatic"``: each example's gradient normalised to R·g/(‖g‖ + γ) (Bu et al. 2023,
+  AUTO-S: :mod:`~ray_dptune.training.automatic`), R = ``max_grad_norm`` (default 1: R only
+  rescales the step, so it is not searched); key ``automatic_stability`` (γ, 0.01).
 
 Every mode costs exactly what plain DP-SGD at the trial's ``noise_multiplier`` ν costs
 per step (the adaptive modes split ν between the gradient and their statistic:
@@ -25,6 +28,7 @@ from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from opacus.optimizers import DPOptimizer
 
+from ray_dptune.training.automatic import AUTOMATIC_DEFAULT_STABILITY, automatic_clipping
 from ray_dptune.training.noise import with_in_place_noise
 from ray_dptune.training.oso import (
     OSO_DEFAULT_RATE,
@@ -42,6 +46,7 @@ from ray_dptune.training.quantile import (
 
 __all__ = [
     "PER_SAMPLE_GRADIENT_CLIPPING",
+    "AutomaticClipping",
     "Clipping",
     "ClippingMode",
     "FixedClipping",
@@ -53,10 +58,10 @@ __all__ = [
     "restore_clipping_state",
 ]
 
-ClippingMode = Literal["fixed", "quantile", "oso"]
+ClippingMode = Literal["fixed", "quantile", "oso", "automatic"]
 """The values of ``config["clipping"]``."""
 
-PER_SAMPLE_GRADIENT_CLIPPING: frozenset[str] = frozenset({"quantile", "oso"})
+PER_SAMPLE_GRADIENT_CLIPPING: frozenset[str] = frozenset({"quantile", "oso", "automatic"})
 """Modes that read per-sample gradients: never trained with ``grad_sample_mode="ghost"``
 (``"auto"`` avoids it for them: :mod:`~ray_dptune.training.grad_sample`)."""
 
@@ -133,7 +138,19 @@ class OSOClipping:
         )
 
 
-Clipping = FixedClipping | QuantileClipping | OSOClipping
+@dataclass(frozen=True)
+class AutomaticClipping:
+    """Per-sample normalisation (:class:`~ray_dptune.training.automatic.AutomaticClipDPOptimizer`)."""
+
+    stability: float
+    mode: ClippingMode = "automatic"
+
+    def wrap(self, dp_optimizer: DPOptimizer) -> DPOptimizer:
+        """The same SGD or Adam, noise and generator, each example normalised at R = ``max_grad_norm``."""
+        return automatic_clipping(dp_optimizer, stability=self.stability)
+
+
+Clipping = FixedClipping | QuantileClipping | OSOClipping | AutomaticClipping
 
 
 def clipping_from_config(
@@ -164,6 +181,11 @@ def clipping_from_config(
         return FixedClipping()
     if grad_sample_mode == "ghost" and mode in PER_SAMPLE_GRADIENT_CLIPPING:
         raise ValueError(_PER_SAMPLE_GRADIENTS_NEEDED.format(mode=mode))
+    if mode == "automatic":
+        stability = _number(config, "automatic_stability", AUTOMATIC_DEFAULT_STABILITY, low=0.0)
+        if stability == 0:
+            raise ValueError("config['automatic_stability'] (γ) must be > 0: γ = 0 divides by a zero gradient.")
+        return AutomaticClipping(stability=stability)
     if mode == "quantile":
         settings = QuantileClipping(
             target_quantile=_number(config, "target_quantile", QUANTILE_DEFAULT_TARGET, low=0.0, high=1.0),

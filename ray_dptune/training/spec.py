@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ray_dptune.result_keys import PLAN_KEY, PRIVATE_KEY, SPENT_KEY
+from ray_dptune.training.automatic import AUTOMATIC_CLIPPING_NORM
 from ray_dptune.training.plan import PrivacyParams
 
 __all__ = [
@@ -102,13 +103,17 @@ class Hyperparameters:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Hyperparameters:
-        """Reads ``config["lr"]`` and ``config["max_grad_norm"]`` (the clipping norm).
+        """Reads ``config["lr"]`` and ``config["max_grad_norm"]`` (the clipping norm; 1 by default
+        with ``config["clipping"] = "automatic"``).
 
         Raises:
             ValueError: a key is missing or not a finite number > 0.
         """
         values = {}
         for key, what in (("lr", "learning rate"), ("max_grad_norm", "clipping norm")):
+            if key == "max_grad_norm" and key not in config and config.get("clipping") == "automatic":
+                values[key] = AUTOMATIC_CLIPPING_NORM  # it only rescales the step: not searched
+                continue
             if key not in config:
                 raise ValueError(MISSING_HYPERPARAMETER.format(key=key, what=what))
             value = config[key]

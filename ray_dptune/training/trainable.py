@@ -61,6 +61,10 @@ def dp_trainable(
       SGD learning rate ρ_0 = ``lr`` are learned online at rates ``oso_rho_c`` and
       ``oso_rho_r`` (2.5e-3 each), from clipping directions noised with multiplier
       ``oso_noise_multiplier_q`` (≈ 7.124σ; must exceed σ). SGD only.
+    * ``"automatic"``: each example's gradient normalised to R·g/(‖g‖ + γ) (Bu et al.
+      2023, AUTO-S; γ = ``automatic_stability``, 0.01), R = ``max_grad_norm`` or 1 when
+      the config has none: the clipping norm leaves the search space, e.g.
+      ``{"lr": tune.loguniform(1e-2, 4), "clipping": "automatic"}``.
 
     Each mode splits σ so that a step costs exactly one DP-SGD step at σ (Proposition
     1 of Galli et al., Theorem 1 of Andrew et al.): the plan is the same in every mode.
