@@ -69,7 +69,7 @@ def automatic_sum(grad_sample_mode, inputs, targets, *, stability=GAMMA):
     return torch.cat([p.summed_grad.flatten() for p in automatic.params])
 
 
-@pytest.mark.parametrize("grad_sample_mode", ["hooks", "functorch"])
+@pytest.mark.parametrize("grad_sample_mode", ["hooks", "functorch", "ew"])
 def test_the_sum_is_each_example_normalised_and_none_passes_r(grad_sample_mode):
     model, inputs, targets = model_and_batch()
     grads = per_example_gradients(model, inputs, targets)
