@@ -39,6 +39,7 @@ from ray_dptune.accounting.distributions import (
     Logarithmic,
     PointMass,
     Poisson,
+    RunCountDistribution,
     TruncatedNegativeBinomial,
     secure_rng,
 )
@@ -54,15 +55,23 @@ from ray_dptune.accounting.spend import TrialSpend, covering_curve, sampling_sch
 Probe = Callable[[], dict[str, float]]
 TIMEOUT_S = 120
 DELTAS = (1e-5, 1e-9)
-PLAN = TrialSpend(sample_rate=64 / 1437, noise_multiplier=1.1, steps=60)
-LAWS = {
-    "poisson": Poisson(mean=10),
-    "geometric": Geometric.from_mean(10),
-    "logarithmic": Logarithmic.from_mean(10),
-    "tnb_half": TruncatedNegativeBinomial.from_mean(0.5, 8),
-    "tnb_neg": TruncatedNegativeBinomial.from_mean(-0.5, 6),
-    "point": PointMass(5),
-}
+
+
+def plan() -> TrialSpend:
+    """The DP-SGD plan the probes use (built in each probe, so that a mutant of its checks is reached)."""
+    return TrialSpend(sample_rate=64 / 1437, noise_multiplier=1.1, steps=60)
+
+
+def all_laws() -> dict[str, RunCountDistribution]:
+    """One law of each family (built in each probe: ``from_mean`` is then under the mutant)."""
+    return {
+        "poisson": Poisson(mean=10),
+        "geometric": Geometric.from_mean(10),
+        "logarithmic": Logarithmic.from_mean(10),
+        "tnb_half": TruncatedNegativeBinomial.from_mean(0.5, 8),
+        "tnb_neg": TruncatedNegativeBinomial.from_mean(-0.5, 6),
+        "point": PointMass(5),
+    }
 
 
 def epsilons(prefix: str, curve: RDPCurve) -> dict[str, float]:
@@ -96,7 +105,7 @@ def curves() -> dict[str, float]:
 def selection(base_name: str, base: Callable[[], RDPCurve], generic: bool) -> Probe:
     def probe() -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, law in LAWS.items():
+        for name, law in all_laws().items():
             out |= epsilons(f"{base_name} {name} generic={generic}", repeat_and_select(base(), law, generic=generic))
         return out
 
@@ -107,11 +116,11 @@ def adaptive() -> dict[str, float]:
     base = RDPCurve.gaussian(noise_multiplier=3.0)
     out: dict[str, float] = {}
     for name in ("geometric", "tnb_half", "logarithmic"):
-        law = LAWS[name]
+        law = all_laws()[name]
         out |= epsilons(f"dphypo {name}", repeat_and_select(base, law, density_ratio=2 / 0.75))
         out |= epsilons(f"dphypo upper {name}", repeat_and_select(base, law, density_ratio=2 / 0.75, upper=2.0))
-    out |= epsilons("lemma", dphypo_lemma_bound(base, LAWS["geometric"], density_ratio=2 / 0.75))
-    out |= epsilons("generic", generic_repeat_and_select(PLAN.curve(), LAWS["logarithmic"]))
+    out |= epsilons("lemma", dphypo_lemma_bound(base, all_laws()["geometric"], density_ratio=2 / 0.75))
+    out |= epsilons("generic", generic_repeat_and_select(plan().curve(), all_laws()["logarithmic"]))
     return out
 
 
@@ -141,10 +150,10 @@ def profiles() -> dict[str, float]:
 
 
 def events(mechanism: SearchMechanism, *, accounted: bool = True) -> account_module.SearchAccount:
-    account = account_module.SearchAccount(mechanism, delta=1e-5, plan=PLAN.to_dict())
+    account = account_module.SearchAccount(mechanism, delta=1e-5, plan=plan().to_dict())
     for trial in ("a", "b", "c"):
         account.apply({"type": "started", "trial_id": trial, "accounted": accounted})
-        account.apply({"type": "reported", "trial_id": trial, "spent": PLAN.to_dict()})
+        account.apply({"type": "reported", "trial_id": trial, "spent": plan().to_dict()})
     account.apply({"type": "completed", "trial_id": "a"})
     account.apply({"type": "failed", "trial_id": "b", "retry": True})
     account.apply({"type": "started", "trial_id": "b", "accounted": accounted})
@@ -155,7 +164,7 @@ def events(mechanism: SearchMechanism, *, accounted: bool = True) -> account_mod
 def accounts() -> dict[str, float]:
     out: dict[str, float] = {}
     kinds = {
-        "random": SearchMechanism.random_count(law=LAWS["poisson"], num_trials=2),
+        "random": SearchMechanism.random_count(law=all_laws()["poisson"], num_trials=2),
         "composition": SearchMechanism.composition(),
         "overhead": SearchMechanism.constant_overhead(epsilon_round=0.05, max_rounds=30),
         "release": SearchMechanism.release(epsilon=0.5, delta=1e-6),
@@ -175,20 +184,20 @@ def accounts() -> dict[str, float]:
         ).epsilon
         out[f"{name} started"] = account.num_trials_started
     halving = account_module.SearchAccount(
-        SearchMechanism.halving(budget_units=12, max_t=4), delta=1e-5, plan=PLAN.to_dict()
+        SearchMechanism.halving(budget_units=12, max_t=4), delta=1e-5, plan=plan().to_dict()
     )
     for trial in ("a", "b"):
         halving.apply({"type": "suggested", "trial_id": trial, "accounted": True, "units": 2, "bracket": 0})
         halving.apply({"type": "started", "trial_id": trial, "accounted": True})
     halving.apply({"type": "charged", "trial_id": "a", "units": 2})
-    over = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=90)
+    over = TrialSpend(sample_rate=plan().sample_rate, noise_multiplier=plan().noise_multiplier, steps=90)
     halving.apply({"type": "reported", "trial_id": "b", "spent": over.to_dict()})
     out["halving eps"] = halving.guarantee().epsilon
     out["halving units"] = halving.units_charged
     brackets = account_module.SearchAccount(
-        SearchMechanism.halving(budget_units=12, max_t=4, law=LAWS["poisson"], num_brackets=3),
+        SearchMechanism.halving(budget_units=12, max_t=4, law=all_laws()["poisson"], num_brackets=3),
         delta=1e-5,
-        plan=PLAN.to_dict(),
+        plan=plan().to_dict(),
     )
     out["halving brackets eps"] = brackets.guarantee().epsilon
     out["release compose"] = compose_with_releases(
@@ -199,12 +208,12 @@ def accounts() -> dict[str, float]:
 
 def calibration() -> dict[str, float]:
     def plan_for(sigma: float) -> TrialSpend:
-        return TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=sigma, steps=PLAN.steps)
+        return TrialSpend(sample_rate=plan().sample_rate, noise_multiplier=sigma, steps=plan().steps)
 
     out = {
-        "search eps": calibrate.search_epsilon(PLAN, delta=1e-5, law=LAWS["geometric"]),
-        "search eps retries": calibrate.search_epsilon(PLAN, delta=1e-5, law=LAWS["poisson"], retries=2),
-        "-sigma": -calibrate.calibrate_noise_multiplier(plan_for, epsilon=3.0, delta=1e-5, law=LAWS["poisson"]),
+        "search eps": calibrate.search_epsilon(plan(), delta=1e-5, law=all_laws()["geometric"]),
+        "search eps retries": calibrate.search_epsilon(plan(), delta=1e-5, law=all_laws()["poisson"], retries=2),
+        "-sigma": -calibrate.calibrate_noise_multiplier(plan_for, epsilon=3.0, delta=1e-5, law=all_laws()["poisson"]),
     }
     return out
 
@@ -213,11 +222,11 @@ def spends() -> dict[str, float]:
     scored = TrialSpend(sample_rate=0.05, noise_multiplier=1.1, steps=30, score_noise_multiplier=4.0, score_releases=3)
     out = epsilons("scored", scored.curve())
     out |= epsilons("repeated", scored.repeated(3).curve())
-    out |= epsilons("covering", covering_curve([PLAN.to_dict(), scored.to_dict()]))
-    out |= epsilons("unit", unit_spend(PLAN.to_dict(), units_per_plan=6).curve())
+    out |= epsilons("covering", covering_curve([plan().to_dict(), scored.to_dict()]))
+    out |= epsilons("unit", unit_spend(plan().to_dict(), units_per_plan=6).curve())
     rate, steps = sampling_schedule(1437, 64)
     out["schedule rate"], out["schedule steps"] = rate, steps
-    out["covers"] = float(scored.covers(PLAN))
+    out["covers"] = float(scored.covers(plan()))
     return out
 
 
@@ -255,7 +264,7 @@ def dpbo() -> dict[str, float]:
 def laws() -> dict[str, float]:
     """Not oriented: a law's own numbers (any change is read by hand)."""
     out: dict[str, float] = {}
-    for name, law in LAWS.items():
+    for name, law in all_laws().items():
         out[f"{name} mean"] = law.mean
         out[f"{name} prob0"] = law.prob_zero
         for k in (0, 1, 2, 5, 20):
@@ -266,15 +275,20 @@ def laws() -> dict[str, float]:
         rng = secure_rng(7)
         draws = [law.sample(rng) for _ in range(400)]
         out[f"{name} sample mean"] = float(np.mean(draws))
+        out[f"{name} expected quantile"] = law.expected_quantile()
+        out[f"{name} success"] = law.success_probability(0.05)
+    twins, other = Poisson(mean=10), Poisson(mean=11)
+    out["equal"] = float(twins == Poisson(mean=10) and hash(twins) == hash(Poisson(mean=10)))
+    out["unequal"] = float(twins != other and twins != all_laws()["geometric"])
     return out
 
 
 MUST_REFUSE: dict[str, Callable[[], object]] = {
     "density ratio < 1": lambda: repeat_and_select(
-        RDPCurve.gaussian(noise_multiplier=2.0), LAWS["poisson"], density_ratio=0.5
+        RDPCurve.gaussian(noise_multiplier=2.0), all_laws()["poisson"], density_ratio=0.5
     ),
     "adaptive poisson": lambda: repeat_and_select(
-        RDPCurve.gaussian(noise_multiplier=2.0), LAWS["poisson"], density_ratio=2.0
+        RDPCurve.gaussian(noise_multiplier=2.0), all_laws()["poisson"], density_ratio=2.0
     ),
     "negative mean": lambda: Poisson(mean=-1.0),
     "eta -1": lambda: TruncatedNegativeBinomial(-1.0, 0.5),
@@ -291,7 +305,7 @@ PROBES: dict[str, Probe] = {
     "curves": curves,
     "selection gaussian": selection("gaussian", lambda: RDPCurve.gaussian(noise_multiplier=3.0), True),
     "selection gaussian closed": selection("gaussian", lambda: RDPCurve.gaussian(noise_multiplier=3.0), False),
-    "selection dpsgd": selection("dpsgd", PLAN.curve, True),
+    "selection dpsgd": selection("dpsgd", plan().curve, True),
     "selection pure": selection("pure", lambda: RDPCurve.pure(epsilon=0.4), True),
     "adaptive": adaptive,
     "profiles": profiles,

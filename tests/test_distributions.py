@@ -127,13 +127,27 @@ def test_from_mean_never_exceeds_the_requested_mean(eta, mean):
 
 def test_named_laws_from_mean():
     assert Geometric.from_mean(10).gamma == pytest.approx(0.1, rel=1e-12)
+    assert Geometric.from_mean(10).eta == 1.0
     assert isinstance(Logarithmic.from_mean(10), Logarithmic)
+    assert Logarithmic.from_mean(10).eta == 0.0  # the shape asked for, not only the mean
     assert Logarithmic.from_mean(10).mean == pytest.approx(10, rel=1e-9)
 
 
 def test_expected_quantile_closed_forms():
     assert Poisson(10).expected_quantile() == pytest.approx(1 - (1 - math.exp(-10)) / 10, rel=1e-14)
     assert PointMass(4).expected_quantile() == pytest.approx(0.8)
+    # Geometric: f(x) = γx/(1 − ax), a = 1 − γ, so ∫₀¹ f = −γ/a − γ log(γ)/a².
+    gamma = 0.1
+    a = 1 - gamma
+    assert Geometric(gamma).expected_quantile() == pytest.approx(
+        1 + gamma / a + gamma * math.log(gamma) / a**2, rel=1e-13
+    )
+
+
+def test_equality_and_hash_follow_the_parameters():
+    assert Poisson(10) == Poisson(10) and hash(Poisson(10)) == hash(Poisson(10))
+    assert Poisson(10) != Poisson(11)
+    assert Geometric(0.1) != TruncatedNegativeBinomial(1.0, 0.1)  # same numbers, another class
 
 
 def _chi_square_pvalue(law, samples):
