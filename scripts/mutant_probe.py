@@ -213,7 +213,7 @@ def calibration() -> dict[str, float]:
     out = {
         "search eps": calibrate.search_epsilon(plan(), delta=1e-5, law=all_laws()["geometric"]),
         "search eps retries": calibrate.search_epsilon(plan(), delta=1e-5, law=all_laws()["poisson"], retries=2),
-        "-sigma": -calibrate.calibrate_noise_multiplier(plan_for, epsilon=3.0, delta=1e-5, law=all_laws()["poisson"]),
+        "sigma": calibrate.calibrate_noise_multiplier(plan_for, epsilon=3.0, delta=1e-5, law=all_laws()["poisson"]),
     }
     return out
 

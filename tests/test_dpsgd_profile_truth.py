@@ -68,7 +68,7 @@ import numpy as np
 import pytest
 import scipy.fft
 from dp_accounting.pld import pld_privacy_accountant
-from scipy import integrate, special
+from scipy import integrate, optimize, special
 
 from ray_dptune.accounting import mechanisms
 from ray_dptune.accounting.distributions import Geometric, Poisson, TruncatedNegativeBinomial
@@ -540,6 +540,39 @@ def test_epsilon_is_never_below_the_certified_truth_at_the_digits_plan(delta):
         delta=delta
     )
     assert below <= ours <= above + 5e-3
+
+
+@pytest.mark.parametrize("delta", [1e-5, 1e-8])
+def test_epsilon_is_rounded_up_from_the_pessimistic_distribution(delta):
+    """ε is the pessimistic PLD's own reading (dp_accounting's public API, built here), rounded up, never down."""
+    q, sigma, steps = 0.05, 1.1, 40
+    pld = dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        pessimistic_estimate=True,
+        value_discretization_interval=mechanisms.PROFILE_DISCRETIZATION,
+        sampling_prob=q,
+    ).self_compose(steps)
+    raw = pld.get_epsilon_for_delta(delta)
+    ours = KnownMechanism(sample_rate=q, noise_multiplier=sigma, steps=steps).epsilon(delta=delta)
+    assert raw < ours <= raw * (1 + 1e-11)
+
+
+def gaussian_delta(epsilon: float, mu: float) -> float:
+    """Balle & Wang (2018), Thm 8: δ(ε) of the Gaussian mechanism with μ = sensitivity/σ, in mpmath."""
+    eps, mu = mpmath.mpf(epsilon), mpmath.mpf(mu)
+    return float(mpmath.ncdf(-eps / mu + mu / 2) - mpmath.exp(eps) * mpmath.ncdf(-eps / mu - mu / 2))
+
+
+@pytest.mark.parametrize("sigma, steps", [(2.0, 4), (0.8, 1), (5.0, 30)])
+@pytest.mark.parametrize("delta", [1e-5, 1e-9])
+def test_gaussian_epsilon_is_the_exact_one_rounded_up(sigma, steps, delta):
+    """``sample_rate = 1``: k Gaussian steps are one of σ/√k; ε within 2e-6 above the exact root of δ(ε)."""
+    mu = math.sqrt(steps) / sigma
+    with mpmath.workdps(40):
+        truth = optimize.brentq(lambda e: gaussian_delta(e, mu) - delta, 0.0, 100.0, xtol=1e-15, rtol=4 * U_DOUBLE)
+    assert gaussian_delta(truth * (1 - 1e-9), mu) > delta > gaussian_delta(truth * (1 + 1e-9), mu)
+    ours = KnownMechanism(noise_multiplier=sigma, steps=steps).epsilon(delta=delta)
+    assert truth <= ours <= truth * (1 + 2e-6)
 
 
 # ------------------------------------------------------------------------------------------ teeth
