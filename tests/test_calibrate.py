@@ -67,6 +67,14 @@ def dpsgd(q: float, steps: int, **scores):
     return lambda sigma: TrialSpend(sample_rate=q, noise_multiplier=sigma, steps=steps, **scores)
 
 
+def test_calibration_of_a_short_plan_meets_the_target_and_no_less_noise_does():
+    """The fast tier's check (mutation runs use it): the bracket and bisection end on the safe side, close."""
+    target, delta, plan_for = 2.0, 1e-5, dpsgd(0.05, 10)
+    sigma = calibrate_noise_multiplier(plan_for, epsilon=target, delta=delta, law=PointMass(1), generic=False)
+    assert search_epsilon(plan_for(sigma), law=PointMass(1), delta=delta, generic=False) <= target
+    assert search_epsilon(plan_for(sigma * (1 - 2e-3)), law=PointMass(1), delta=delta, generic=False) > target
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("law", [Poisson(8.0), TruncatedNegativeBinomial.from_mean(0.5, 8.0), PointMass(1)], ids=repr)
 def test_calibration_meets_the_target_on_the_safe_side(law):
