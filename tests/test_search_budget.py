@@ -1,0 +1,110 @@
+"""SearchBudget, the hard cap, without Ray: what it admits, refuses, and says it would cost to resume.
+
+Oracle: a composition search (every attempt charged at its plan) of n attempts is n-fold RDP
+composition of the plan, computed here with ``RDPCurve`` arithmetic, not through the account;
+the target sits strictly between two such ε, so each check has one right answer. The Ray-level
+tests (tests/test_budget_cap.py: Tune retries, Ctrl-C, a killed driver) drive the same class.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ray_dptune.accounting.account import SearchAccount
+from ray_dptune.accounting.budget import SearchBudget
+from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.errors import BudgetExceededError, PrivacyError
+
+DELTA = 1e-5
+PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=20)
+
+
+def composed(attempts: int) -> float:
+    return (attempts * PLAN.curve()).epsilon(delta=DELTA)
+
+
+TARGET = (composed(3) + composed(4)) / 2  # three charged attempts fit, a fourth does not
+
+
+def budget(account: SearchAccount, target: float | None = TARGET) -> SearchBudget:
+    return SearchBudget(
+        target_epsilon=target, account=lambda: account, total=lambda g: g.epsilon, scope="The search's guarantee"
+    )
+
+
+def run(account: SearchAccount, trial: str, end: str | None = "completed") -> None:
+    account.apply({"type": "started", "trial_id": trial, "accounted": True})
+    if end is not None:
+        account.apply({"type": end, "trial_id": trial})
+
+
+@pytest.fixture
+def account():
+    return SearchAccount(SearchMechanism.composition(), delta=DELTA, plan=PLAN.to_dict())
+
+
+def test_the_chain_of_composed_attempts_is_what_the_account_reports(account):
+    assert composed(3) < TARGET < composed(4)
+    for trial in "abc":
+        run(account, trial)
+    assert account.guarantee().epsilon == pytest.approx(composed(3), rel=1e-12)
+
+
+def test_an_attempt_is_admitted_while_the_guarantee_after_it_stays_within_the_target(account):
+    cap = budget(account)
+    for trial in "abc":
+        cap.admit({"type": "started", "trial_id": trial, "accounted": True})
+        run(account, trial)
+    with pytest.raises(BudgetExceededError, match=r"Starting this attempt \(d\).*> target_epsilon"):
+        cap.admit({"type": "started", "trial_id": "d", "accounted": True})
+    cap.admit({"type": "completed", "trial_id": "c"})  # not a charge
+    budget(account, target=None).admit({"type": "started", "trial_id": "d", "accounted": True})
+    assert cap.held() and cap.epsilon() == pytest.approx(composed(3), rel=1e-12)
+
+
+def test_check_refuses_a_search_over_its_target_and_a_live_attempt_counts(account):
+    for trial in "abc":
+        run(account, trial)
+    budget(account).check()
+    run(account, "d", end=None)  # live: charged if the search stopped now
+    assert budget(account).epsilon() == pytest.approx(composed(4), rel=1e-12)
+    assert not budget(account).held()
+    with pytest.raises(PrivacyError, match="4 attempt"):
+        budget(account).check()
+    budget(account, target=None).check()
+    assert "OVER ITS BUDGET" in budget(account).end_line(complete=True, reason=None, path="r.json")
+
+
+def test_too_little_budget_for_the_first_trial_is_refused_before_it_runs():
+    account = SearchAccount(SearchMechanism.composition(), delta=DELTA, plan=PLAN.to_dict())
+    account.apply({"type": "selection"})
+    cap = budget(account, target=composed(1) / 2)
+    with pytest.raises(BudgetExceededError):
+        cap.admit({"type": "started", "trial_id": "a", "accounted": True})
+
+
+def test_resuming_re_runs_each_interrupted_trial_at_its_plan(account):
+    run(account, "a")
+    run(account, "b", end="interrupted")
+    assert budget(account).resume_epsilon() == (1, pytest.approx(composed(3), rel=1e-12))
+    budget(account).check_resumable()
+    line = budget(account).end_line(complete=False, reason="1 trial(s) stopped", path="r.json")
+    assert "INCOMPLETE" in line and "re-runs 1 trial(s)" in line and f"{composed(3):.4g}" in line
+
+    run(account, "c", end="interrupted")  # 3 charged; re-running both reaches 5 > target
+    assert budget(account).resume_epsilon() == (2, pytest.approx(composed(5), rel=1e-12))
+    with pytest.raises(PrivacyError, match="2 interrupted trial"):
+        budget(account).check_resumable()
+    line = budget(account).end_line(complete=False, reason="2 trial(s) stopped", path="r.json")
+    assert "cannot be resumed" in line and "nothing may be released" in line
+    assert "re-runs" not in budget(account).end_line(
+        complete=False, reason="a spend past its plan", path="r.json", resumable=False
+    )
+    budget(account, target=None).check_resumable()
+
+
+def test_a_complete_search_within_its_target_says_done(account):
+    run(account, "a")
+    line = budget(account).end_line(complete=True, reason=None, path="r.json")
+    assert line.startswith("search done: (ε = ") and f"{composed(1):.4g}" in line and "r.json" in line
