@@ -102,7 +102,7 @@ def test_the_optimizer_keeps_the_accountant_hook_noise_and_settings():
     model, inputs, targets = model_and_batch()
     engine = PrivacyEngine(accountant="rdp")
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, targets), batch_size=5)
-    _, dp_optimizer, _ = engine.make_private(
+    model, dp_optimizer, _ = engine.make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=loader,
@@ -114,7 +114,11 @@ def test_the_optimizer_keeps_the_accountant_hook_noise_and_settings():
     assert isinstance(automatic, AutomaticClipDPOptimizer)
     assert (automatic.noise_multiplier, automatic.max_grad_norm, automatic.stability) == (1.3, R, GAMMA)
     assert automatic.expected_batch_size == dp_optimizer.expected_batch_size
-    assert automatic.step_hook is dp_optimizer.step_hook  # Opacus's accountant counts every step
+    assert automatic.step_hook is dp_optimizer.step_hook
+    automatic.zero_grad()
+    loss_fn(model(inputs), targets).backward()
+    automatic.step()
+    assert engine.accountant.history == [(1.3, 1.0, 1)]  # Opacus's accountant counted the step (OpacusSpend reads it)
 
 
 def test_bad_stability_and_ghost_clipping_are_refused():
