@@ -575,6 +575,17 @@ def test_gaussian_epsilon_is_the_exact_one_rounded_up(sigma, steps, delta):
     assert truth <= ours <= truth * (1 + 2e-6)
 
 
+@pytest.mark.parametrize("sigma, steps", [(2.0, 4), (0.8, 1)])
+def test_gaussian_partner_is_the_neyman_pearson_bound_rounded_down(sigma, steps):
+    """Φ(Φ⁻¹(q) − √k/σ) in mpmath (Dong, Roth & Su 2022, Gaussian DP): ours is at or just below it."""
+    q = np.array([1e-9, 1e-4, 0.01, 0.3, 0.9, 1 - 1e-6])
+    ours = KnownMechanism(noise_multiplier=sigma, steps=steps).partner(q)
+    shift = mpmath.sqrt(steps) / sigma
+    with mpmath.workdps(50):
+        exact = np.array([float(mpmath.ncdf(mpmath.sqrt(2) * mpmath.erfinv(2 * mpmath.mpf(x) - 1) - shift)) for x in q])
+    assert np.all(ours <= exact) and np.all(ours >= exact * (1 - 1e-11))
+
+
 # ------------------------------------------------------------------------------------------ teeth
 @pytest.mark.usefixtures("halved_profile")
 @pytest.mark.parametrize("case", EXACT_PARAMS)
