@@ -101,3 +101,14 @@ def test_gaussian_default_meets_the_issue_targets() -> None:
     assert repeat_and_select(base, TruncatedNegativeBinomial.from_mean(0.0, 10.0)).epsilon(delta=1e-6) <= 3.00
     assert repeat_and_select(base, TruncatedNegativeBinomial.from_mean(1.0, 10.0)).epsilon(delta=1e-6) <= 3.21
     assert repeat_and_select(base, Poisson(10.0)).epsilon(delta=1e-6) <= 3.78
+
+
+@pytest.mark.parametrize(
+    "partner",
+    [lambda q: np.full_like(q, np.nan), lambda q: q[:-1], lambda q: np.where(q > 0.5, np.nan, 0.0)],
+    ids=["all-nan", "short", "some-nan"],
+)
+def test_a_partner_with_nan_or_the_wrong_shape_is_refused(partner) -> None:
+    """A user's partner q -> q' that is malformed is refused, never maximised over (NaN would drop constraints)."""
+    with pytest.raises(ValueError, match="same shape, without NaN"):
+        generic_repeat_and_select(RDPCurve.gaussian(noise_multiplier=2.0), Poisson(mean=5), partner=partner)
