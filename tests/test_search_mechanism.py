@@ -1,0 +1,27 @@
+"""SearchMechanism's own checks: a release's (ε, δ) and the curve a halving search has no selection bound for."""
+
+import math
+
+import pytest
+
+from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.search_mechanism import SearchMechanism
+
+
+@pytest.mark.parametrize(
+    "epsilon, delta", [(-0.5, 1e-6), (math.inf, 1e-6), (math.nan, 1e-6), (1.0, -1e-9), (1.0, 1.0), (1.0, 1.5)]
+)
+def test_a_release_outside_epsilon_ge_0_and_delta_in_0_1_is_refused(epsilon, delta):
+    with pytest.raises(ValueError, match="A release needs"):
+        SearchMechanism.release(epsilon=epsilon, delta=delta)
+
+
+def test_the_edges_of_a_release_are_accepted():
+    assert SearchMechanism.release(epsilon=0.0, delta=0.0).params["epsilon"] == 0.0
+
+
+def test_a_halving_search_has_no_selection_curve_to_read():
+    """Its bound is the budget of plan units in SearchAccount; a curve here would be a zero curve, an ε of 0."""
+    halving = SearchMechanism.halving(budget_units=12, max_t=4)
+    with pytest.raises(ValueError, match="budget of plan units"):
+        halving.selection_curve(RDPCurve.gaussian(noise_multiplier=2.0))
