@@ -298,6 +298,10 @@ MUST_REFUSE: dict[str, Callable[[], object]] = {
         SearchMechanism.release(epsilon=1.0, delta=1e-4), delta=1e-5
     ),
     "releases need all delta": lambda: compose_with_releases(None, release_epsilon=1.0, release_delta=1e-5, delta=1e-5),
+    "negative release epsilon": lambda: SearchMechanism.release(epsilon=-0.5, delta=1e-6),
+    "halving selection curve": lambda: SearchMechanism.halving(budget_units=12, max_t=4).selection_curve(
+        RDPCurve.gaussian(noise_multiplier=2.0)
+    ),
     "partner with nan": lambda: generic_repeat_and_select(
         RDPCurve.gaussian(noise_multiplier=2.0), Poisson(mean=5), partner=lambda q: np.where(q > 0.5, np.nan, 0.0)
     ),
