@@ -24,6 +24,15 @@ def test_spend_curve_composes_training_and_noisy_scores():
     )
 
 
+def test_repeated_runs_compose_every_part_of_a_spend():
+    """``repeated(k)``: k runs one after another, their training steps and their score releases (a halving unit)."""
+    one = TrialSpend(sample_rate=0.02, noise_multiplier=1.1, steps=30, score_noise_multiplier=4.0, score_releases=2)
+    three = one.repeated(3)
+    assert (three.steps, three.score_releases) == (90, 6)
+    composed = (3 * one.curve()).epsilon(delta=1e-5)  # RDP composition; the 90-step curve is read separately
+    assert three.curve().epsilon(delta=1e-5) == pytest.approx(composed, rel=1e-3)
+
+
 def test_covers_compares_what_a_trial_may_spend():
     plan = TrialSpend(sample_rate=0.02, noise_multiplier=1.1, steps=300, score_noise_multiplier=5.0, score_releases=3)
     assert plan.covers(
