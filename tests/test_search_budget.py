@@ -12,7 +12,9 @@ import pytest
 
 from ray_dptune.accounting.account import SearchAccount
 from ray_dptune.accounting.budget import SearchBudget
+from ray_dptune.accounting.distributions import Poisson
 from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.selection import repeat_and_select
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import BudgetExceededError, PrivacyError
 
@@ -108,3 +110,18 @@ def test_a_complete_search_within_its_target_says_done(account):
     run(account, "a")
     line = budget(account).end_line(complete=True, reason=None, path="r.json")
     assert line.startswith("search done: (ε = ") and f"{composed(1):.4g}" in line and "r.json" in line
+
+
+def test_the_budget_reads_the_durable_worst_case_a_live_attempt_charged_whole():
+    """A live trial is covered by the selection bound only once it ends; if the driver died now, it is charged."""
+    account = SearchAccount(
+        SearchMechanism.random_count(law=Poisson(mean=3), num_trials=3), delta=DELTA, plan=PLAN.to_dict()
+    )
+    run(account, "a")
+    run(account, "b")
+    run(account, "c", end=None)
+    selection = repeat_and_select(PLAN.curve(), Poisson(mean=3))
+    assert account.guarantee().epsilon == pytest.approx(selection.epsilon(delta=DELTA), rel=1e-9)
+    worst = (selection + PLAN.curve()).epsilon(delta=DELTA)
+    assert budget(account).epsilon() == pytest.approx(worst, rel=1e-9)
+    assert not budget(account, target=(selection.epsilon(delta=DELTA) + worst) / 2).held()
