@@ -125,3 +125,30 @@ def test_the_budget_reads_the_durable_worst_case_a_live_attempt_charged_whole():
     worst = (selection + PLAN.curve()).epsilon(delta=DELTA)
     assert budget(account).epsilon() == pytest.approx(worst, rel=1e-9)
     assert not budget(account, target=(selection.epsilon(delta=DELTA) + worst) / 2).held()
+
+
+def test_unfinished_trials_are_counted_by_why_and_make_the_search_incomplete(account):
+    """What ``completeness`` (and so ``release_best``) reads: a refused retry, a live or orphaned attempt."""
+    account.apply({"type": "started", "trial_id": "public", "accounted": False})  # not private: never counted
+    run(account, "a")
+    for refused in ("b", "e"):
+        run(account, refused, end=None)
+        account.apply({"type": "failed", "trial_id": refused, "refused": "over budget"})
+    run(account, "c", end="interrupted")
+    run(account, "d", end=None)
+    assert account.unfinished() == {"live": 1, "interrupted": 1, "unknown": 0, "refused": 2}
+    account.apply({"type": "restored"})  # a new driver: the live attempt's fate is unknown
+    assert account.unfinished() == {"live": 0, "interrupted": 1, "unknown": 1, "refused": 2}
+
+    class Finished:
+        finished, num_trials = True, 4
+
+    complete, why = budget(account).completeness(searcher=Finished(), violation=None)
+    assert not complete
+    assert "2 trial(s) failed, and their retry was refused by the budget" in why
+    assert "1 trial(s) left running by a driver that died" in why
+    fresh = SearchAccount(SearchMechanism.composition(), delta=DELTA, plan=PLAN.to_dict())
+    run(fresh, "a")
+    assert budget(fresh).completeness(searcher=Finished(), violation=None) == (True, None)
+    violation = PrivacyError("trial a spent past its plan")
+    assert budget(fresh).completeness(searcher=Finished(), violation=violation) == (False, str(violation))
