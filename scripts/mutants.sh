@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of the accounting layer (README, "Contributing"); about 2 h on 2 cores for all
+# Mutation testing of the accounting layer (README, "Contributing"); an estimated 4-5 h on 2 cores for all
 # of ray_dptune/accounting/, minutes for one module. mutmut (pinned in the [lint] extra) mutates
 # every function there and runs the fast tests that reach each mutant (config: [tool.mutmut] in
 # pyproject.toml); scripts/mutant_probe.py then sorts the survivors by what they do to the
