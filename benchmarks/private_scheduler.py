@@ -716,6 +716,13 @@ def verdict_text(record: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- main
 
 
+def write_results(output_dir: Path, stem: str, record: dict[str, Any], markdown: str) -> None:
+    """Writes ``stem``.json (the record) and ``stem``.md (its table) under ``output_dir`` and prints the table."""
+    (output_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (output_dir / f"{stem}.md").write_text(markdown)
+    print(markdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 searches per method, ε = 8 only; -quick files")
@@ -812,10 +819,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     record["verdict_text"] = verdict_text(record)
-    (args.output_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
-    markdown = render(record)
-    (args.output_dir / f"{stem}.md").write_text(markdown)
-    print(markdown)
+    write_results(args.output_dir, stem, record, render(record))
     return 0
 
 

@@ -68,7 +68,6 @@ Writes ``benchmarks/results/tuning_tax.{md,json}`` (``-quick`` suffix with ``--q
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing as mp
 import os
@@ -678,10 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     record["summary"] = summarise(record)
     record["estimate"] = estimate_full(record)
-    (args.output_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
-    markdown = render(record)
-    (args.output_dir / f"{stem}.md").write_text(markdown)
-    print(markdown)
+    bench.write_results(args.output_dir, stem, record, render(record))
     return 0
 
 

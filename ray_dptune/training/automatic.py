@@ -24,7 +24,7 @@ import math
 import torch
 from opacus.optimizers import DPOptimizer
 
-from ray_dptune.training.noise import InPlaceNoiseDPOptimizer
+from ray_dptune.training.noise import InPlaceNoiseDPOptimizer, rebuilt
 from ray_dptune.training.oso import per_sample_norms
 
 __all__ = ["AUTOMATIC_CLIPPING_NORM", "AUTOMATIC_DEFAULT_STABILITY", "AutomaticClipDPOptimizer", "automatic_clipping"]
@@ -85,15 +85,4 @@ def automatic_clipping(dp_optimizer: DPOptimizer, *, stability: float = AUTOMATI
             f"Automatic clipping replaces Opacus's flat per-sample clipping (DPOptimizer, with "
             f"grad_sample_mode 'hooks', 'ew' or 'functorch'); got {type(dp_optimizer).__name__}."
         )
-    optimizer = AutomaticClipDPOptimizer(
-        dp_optimizer.original_optimizer,
-        stability=stability,
-        noise_multiplier=dp_optimizer.noise_multiplier,
-        max_grad_norm=dp_optimizer.max_grad_norm,
-        expected_batch_size=dp_optimizer.expected_batch_size,
-        loss_reduction=dp_optimizer.loss_reduction,
-        generator=dp_optimizer.generator,
-        secure_mode=dp_optimizer.secure_mode,
-    )
-    optimizer.attach_step_hook(dp_optimizer.step_hook)
-    return optimizer
+    return rebuilt(dp_optimizer, AutomaticClipDPOptimizer, stability=stability)

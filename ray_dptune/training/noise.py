@@ -34,10 +34,12 @@ otherwise the noise goes into a fresh tensor. As in Opacus, a sum is never noise
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 
-__all__ = ["InPlaceNoiseDPOptimizer", "InPlaceNoiseDPOptimizerFastGradientClipping", "with_in_place_noise"]
+__all__ = ["InPlaceNoiseDPOptimizer", "InPlaceNoiseDPOptimizerFastGradientClipping", "rebuilt", "with_in_place_noise"]
 
 _NOISED = "_ray_dptune_noised"  # set on a summed gradient once its noise is added
 # Opacus's adaptive clipping (opacus.utils.adaptive_clipping) noises with this instead of noise_multiplier.
@@ -109,15 +111,18 @@ _IN_PLACE = {
 
 
 def with_in_place_noise(dp_optimizer: DPOptimizer) -> DPOptimizer:
-    """The same optimizer (wrapped optimizer, σ, C, expected batch size, reduction, generator,
-    secure mode, step hook) as its class here; any other class (a subclass, distributed) unchanged.
+    """The same optimizer (:func:`rebuilt`) as its class here; any other class (a subclass, distributed) unchanged.
 
     Ghost clipping's loss (``DPLossFastGradientClipping``) holds its optimizer: build it with the result.
     """
     in_place = _IN_PLACE.get(type(dp_optimizer))
-    if in_place is None:
-        return dp_optimizer
-    optimizer = in_place(
+    return dp_optimizer if in_place is None else rebuilt(dp_optimizer, in_place)
+
+
+def rebuilt(dp_optimizer: DPOptimizer, optimizer_class: type[DPOptimizer], **settings: Any) -> DPOptimizer:
+    """``dp_optimizer`` rebuilt as ``optimizer_class``: the same wrapped optimizer, σ, C, expected batch
+    size, reduction, generator, secure mode and step hook (the accountant's), plus ``settings``."""
+    optimizer = optimizer_class(
         dp_optimizer.original_optimizer,
         noise_multiplier=dp_optimizer.noise_multiplier,
         max_grad_norm=dp_optimizer.max_grad_norm,
@@ -125,6 +130,7 @@ def with_in_place_noise(dp_optimizer: DPOptimizer) -> DPOptimizer:
         loss_reduction=dp_optimizer.loss_reduction,
         generator=dp_optimizer.generator,
         secure_mode=dp_optimizer.secure_mode,
+        **settings,
     )
     optimizer.attach_step_hook(dp_optimizer.step_hook)
     return optimizer
