@@ -33,11 +33,13 @@ _LAZY = {
     "ReleasedTrial": "ray_dptune.tune.release",
     "release_best": "ray_dptune.tune.release",
     "dp_trainable": "ray_dptune.training",
+    "CanaryAudit": "ray_dptune.training",
     "private_tuner": "ray_dptune.tune.tuner",
 }
 
 __all__ = [
     "BudgetExceededError",
+    "CanaryAudit",
     "ConstantOverheadSearcher",
     "DPBOSearcher",
     "DPHyPOSearcher",

@@ -5,7 +5,7 @@ A trial's ``tune.report`` carries :data:`PLAN_KEY` and :data:`SPENT_KEY`; the ac
 from its config. No Ray, no torch.
 """
 
-__all__ = ["EPSILON_KEY", "PARTITION_KEY", "PLAN_KEY", "PRIVATE_KEY", "SPENT_KEY"]
+__all__ = ["AUDIT_KEY", "EPSILON_KEY", "PARTITION_KEY", "PLAN_KEY", "PRIVATE_KEY", "SPENT_KEY"]
 
 PLAN_KEY = "dp_plan"
 """The most the trial will spend (a :class:`~ray_dptune.accounting.spend.TrialSpend` dict), fixed before training."""
@@ -21,3 +21,6 @@ EPSILON_KEY = "dp_search_epsilon"
 
 PARTITION_KEY = "dp_partition"
 """Config key of a partition trial: ``{"index": i, "count": k}``, optionally with ``"private": False``."""
+
+AUDIT_KEY = "dp_audit"
+"""In an audited trial's last report: its canary counts (an :class:`~ray_dptune.audit.canaries.AuditCounts` dict)."""

@@ -12,17 +12,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ray_dptune.audit.bound import one_run_epsilon_lower
 from ray_dptune.cli.planning import LawSpec, RunMechanism, TrialSchedule, epsilon_curves
 from ray_dptune.extras import extra_imports
 
 __all__ = [
     "PLOT_MAX_MEAN",
     "check_plot_path",
+    "format_audit",
     "format_calibration",
     "format_journal",
     "format_ledger_table",
     "format_plan",
     "plan_json",
+    "plot_audit",
     "plot_epsilon_vs_mean",
 ]
 
@@ -188,6 +191,54 @@ def format_journal(summary: dict[str, Any]) -> str:
         f"(ε = {epsilon}, δ = {guarantee['delta']:g}) with {guarantee['charged_attempts']} attempt(s) charged "
         "beyond the selection bound (every attempt left live counts as run)"
     )
+
+
+def format_audit(section: dict[str, Any]) -> str:
+    """The ``audit`` lines: the proven ε, the audit's ε_lower, and how to read the pair."""
+    proven = f"proven:  ε_upper = {section['epsilon_upper']:.4g} (δ = {section['delta']:g}) for the whole search"
+    if section["epsilon_lower"] is None:
+        return f"{proven}\naudit:   none ({section['missing']})"
+    lower = section["epsilon_lower"]
+    reading = (
+        "consistent: the audit found no more leakage than the proof allows (a black-box audit is expected to "
+        "fall far below it)"
+        if section["consistent"]
+        else "INCONSISTENT: the audit proves more leakage than the guarantee allows: a bug in the bound or the code"
+    )
+    return (
+        f"{proven}\n"
+        f"audit:   ε_lower = {lower:.4g} at {section['confidence']:.0%} confidence: {section['correct']} of "
+        f"{section['guesses']} guesses right on {section['canaries']} canaries\n"
+        f"method:  {section['method']}\n"
+        f"reading: {reading}"
+    )
+
+
+def plot_audit(path: Path, section: dict[str, Any]) -> None:
+    """Draws ε_lower against the number of correct guesses (the observed one marked), beside ε_upper."""
+    with extra_imports("plot", "ray-dptune audit --plot"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+    guesses, canaries, delta = section["guesses"], section["canaries"], section["delta"]
+    corrects = list(range(guesses // 2, guesses + 1))
+    lowers = [
+        one_run_epsilon_lower(
+            canaries=canaries, guesses=guesses, correct=v, delta=delta, confidence=section["confidence"]
+        )
+        for v in corrects
+    ]
+    figure = Figure(figsize=(7.0, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot([v / guesses for v in corrects], lowers, label=f"ε_lower ({section['confidence']:.0%} confidence)")
+    axes.axhline(section["epsilon_upper"], color="black", linestyle="--", label="ε_upper (proven)")
+    observed = section["correct"] / guesses
+    axes.plot([observed], [section["epsilon_lower"]], "o", color="red", label="this search")
+    axes.set_xlabel(f"share of the {guesses} guesses that are right ({canaries} canaries)")
+    axes.set_ylabel(f"ε (δ = {delta:g})")
+    axes.legend()
+    figure.savefig(path)
 
 
 def check_plot_path(path: Path) -> None:

@@ -11,6 +11,8 @@ Subcommands:
   ledger (:meth:`ray_dptune.records.ledger.PrivacyLedger.dataset_summary`).
 * ``journal PATH``: what a search's write-ahead journal proves it spent
   (:func:`ray_dptune.records.journal.journal_summary`).
+* ``audit FOLDER``: a released search's one-run audit, ε_lower beside the proven ε
+  (:mod:`ray_dptune.audit`), and its plot.
 
 Printing lives in :mod:`ray_dptune.cli.format`. Ray and torch are never imported, so the
 core install runs every command; matplotlib only by ``plan --plot`` (``ray_dptune[plot]``).
@@ -45,6 +47,7 @@ from ray_dptune.errors import PrivacyError
 from ray_dptune.extras import MissingExtraError
 from ray_dptune.records.journal import journal_summary
 from ray_dptune.records.ledger import PrivacyLedger
+from ray_dptune.records.report import REPORT_FILE, PrivacyReport
 
 __all__ = ["build_parser", "main"]
 
@@ -65,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_calibrate.add_parser(subparsers)
     _add_ledger_parser(subparsers)
     _add_journal_parser(subparsers)
+    _add_audit_parser(subparsers)
     return parser
 
 
@@ -186,6 +190,45 @@ def _add_journal_parser(subparsers: Any) -> None:
     journal.add_argument("path", type=Path, help="the experiment folder or its privacy_journal.db.")
     journal.add_argument("--json", action="store_true", help="print JSON.")
     journal.set_defaults(handler=_run_journal, subparser=journal)
+
+
+def _add_audit_parser(subparsers: Any) -> None:
+    audit = subparsers.add_parser(
+        "audit",
+        help="a released search's empirical lower bound on ε (one-run canary audit) beside its proven ε.",
+        description="Print the audit section of a search's privacy report, written by release_best: the canaries, "
+        "the guesses made on the released model, how many were right, and the ε_lower they prove at the stated "
+        "confidence (Steinke, Nasr & Jagielski 2023, Theorem 3) beside the proven ε_upper. Reads, never writes.",
+    )
+    audit.add_argument("path", type=Path, help="the experiment folder or its privacy_report.json.")
+    audit.add_argument("--json", action="store_true", help="print the audit section as JSON.")
+    audit.add_argument(
+        "--plot", type=Path, metavar="FILE", help="draw ε_lower against the correct guesses, beside ε_upper."
+    )
+    audit.set_defaults(handler=_run_audit, subparser=audit)
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    """``ray-dptune audit FOLDER``: ε_lower beside ε_upper, from the report."""
+    parser: argparse.ArgumentParser = args.subparser
+    path = args.path / REPORT_FILE if args.path.is_dir() else args.path
+    try:
+        if args.plot is not None:
+            cli_format.check_plot_path(args.plot)
+        report = PrivacyReport.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        parser.exit(1, f"{parser.prog}: error: no {REPORT_FILE} at {path}: the search has not ended.\n")
+    except (PrivacyError, ValueError, MissingExtraError) as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    section = report.audit
+    if section is None:
+        parser.exit(1, f"{parser.prog}: error: the search in {path} ran without an audit (private_tuner(audit=...)).\n")
+    if "epsilon_lower" not in section:
+        parser.exit(1, f"{parser.prog}: error: no trial is released yet: run release_best on {path.parent} first.\n")
+    print(json.dumps(section, indent=2) if args.json else cli_format.format_audit(section))
+    if args.plot is not None and section["epsilon_lower"] is not None:
+        cli_format.plot_audit(args.plot, section)
+    return 0
 
 
 # ---------------------------------------------------------------------- plan

@@ -50,6 +50,9 @@ class PrivacyReport:
         trials: per trial, its configuration (or why it is withheld) and its attempts.
         journal: where the write-ahead journal lies.
         restores: how many times a new driver took the search over.
+        audit: the one-run canary audit's record (:mod:`ray_dptune.audit`): canaries, guesses,
+            method and commitment; :func:`~ray_dptune.release_best` adds the released model's
+            correct guesses and ε_lower. None: no audit.
     """
 
     search_id: str
@@ -82,6 +85,7 @@ class PrivacyReport:
     ended_at: float | None
     versions: dict[str, str | None]
     curve: dict[str, Any] | None
+    audit: dict[str, Any] | None = None
     schema_version: int = REPORT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,6 +133,7 @@ def searcher_report(
     complete: bool = False,
     incomplete_reason: str | None = None,
     started_at: float | None = None,
+    audit: dict[str, Any] | None = None,
 ) -> PrivacyReport:
     """The report of ``searcher``'s search from its account (configurations withheld for adaptive searchers)."""
     public = searcher.configs_public
@@ -175,6 +180,7 @@ def searcher_report(
         ended_at=time.time(),
         versions=_versions(),
         curve=curve,
+        audit=audit,
     )
 
 

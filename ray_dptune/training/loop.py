@@ -32,8 +32,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
+from ray_dptune.audit.counts import AuditCounts
 from ray_dptune.errors import PrivacyError
-from ray_dptune.result_keys import PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_KEY
+from ray_dptune.result_keys import AUDIT_KEY, PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_KEY
 from ray_dptune.training.clipping import (
     Clipping,
     FixedClipping,
@@ -156,7 +157,9 @@ def train(
     """
     hyper, params, partition, clipping = _settings(config, spec)
     private = clipping is not None
-    train_set, val_set = spec.data_fn(config)
+    if partition is not None and spec.audit is not None:
+        raise ValueError(f"A canary audit covers a search over the whole training set, not {PARTITION_KEY!r} parts.")
+    train_set, val_set = spec.training_data(config)
     if partition is not None:
         train_set = partition.subset(train_set)
     plan = trial_plan(params, len(train_set)) if private else None
@@ -173,7 +176,7 @@ def train(
     if resume is not None and resume.epoch >= params.epochs:
         # Restored after its last report: report it again (nothing new is spent), so that
         # Tune and the accountant see the trial finish with its plan spent.
-        _report_state(report, spec.metric, resume)
+        _report_state(report, spec.metric, resume, audit=_audit_counts(spec, run.module, train_set, device))
     for epoch in range(resume.epoch if resume else 0, params.epochs):
         randomness.start_epoch(epoch)
         _train_epoch(run, device)
@@ -188,7 +191,10 @@ def train(
             run.inner_optimizer.state_dict(),
             clipping_state(clipping, run.optimizer) if private else None,
         )
-        _report_state(report, spec.metric, state)
+        last = epoch + 1 == params.epochs
+        _report_state(
+            report, spec.metric, state, audit=_audit_counts(spec, run.module, train_set, device) if last else None
+        )
     return guard.spent if private else None
 
 
@@ -325,9 +331,11 @@ def _model_and_optimizer(
     return model, optimizer
 
 
-def _report_state(report: Report, metric: str, state: TrainState) -> None:
-    """Reports one epoch's metrics with ``state`` saved as the checkpoint."""
+def _report_state(report: Report, metric: str, state: TrainState, *, audit: AuditCounts | None = None) -> None:
+    """Reports one epoch's metrics with ``state`` saved as the checkpoint (and the last epoch's canary counts)."""
     metrics: dict[str, Any] = {"epoch": state.epoch, metric: state.score}
+    if audit is not None:
+        metrics[AUDIT_KEY] = audit.to_dict()
     if state.plan is None:
         metrics[PRIVATE_KEY] = False
     else:
@@ -388,6 +396,20 @@ def _count_correct(module: nn.Module, dataset: Dataset, device: torch.device) ->
         correct += int((logits.argmax(dim=1) == targets.to(device)).sum())
     module.train()
     return correct
+
+
+@torch.no_grad()
+def _audit_counts(spec: TrainSpec, module: nn.Module, train_set: Dataset, device: torch.device) -> AuditCounts | None:
+    """The audit's counts from each canary's loss on ``module`` (None without an audit)."""
+    if spec.audit is None:
+        return None
+    module.eval()
+    losses = []
+    for inputs, targets in DataLoader(spec.audit.examples(train_set[0][0]), batch_size=_EVAL_BATCH_SIZE):
+        logits = module(inputs.to(device))
+        losses.append(spec.loss_fn(logits, targets.to(device), reduction="none").float().cpu())
+    module.train()
+    return spec.audit.count(torch.cat(losses).numpy())
 
 
 def _release_score(

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ray_dptune.result_keys import PLAN_KEY, PRIVATE_KEY, SPENT_KEY
+from ray_dptune.result_keys import AUDIT_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_KEY
 from ray_dptune.training.automatic import AUTOMATIC_CLIPPING_NORM
+from ray_dptune.training.canaries import CanaryAudit
 from ray_dptune.training.plan import PrivacyParams
 
 __all__ = [
@@ -50,7 +51,7 @@ OptimizerName = Literal["sgd", "adam"]
 LossFn = Callable[..., torch.Tensor]
 """``loss_fn(logits, targets, reduction="mean")``, e.g. ``torch.nn.functional.cross_entropy``."""
 
-RESERVED_METRICS = ("epoch", PLAN_KEY, SPENT_KEY, PRIVATE_KEY)
+RESERVED_METRICS = ("epoch", PLAN_KEY, SPENT_KEY, PRIVATE_KEY, AUDIT_KEY)
 MISSING_HYPERPARAMETER = (
     "config[{key!r}] is required: dp_trainable reads the {what} from the trial's config, e.g. "
     "param_space={{'lr': tune.loguniform(1e-2, 2), 'max_grad_norm': tune.uniform(0.1, 5)}}."
@@ -71,6 +72,8 @@ class TrainSpec:
         optimizer: "sgd" or "adam".
         seed: seed of initialisation, sampling and noise; None draws fresh entropy.
             A known seed makes the noise predictable: for tests and debugging only.
+        audit: canaries inserted into the training set, counted on the last epoch's model
+            (:class:`~ray_dptune.training.canaries.CanaryAudit`); None: no audit.
     """
 
     model_fn: Callable[[Mapping[str, Any]], nn.Module]
@@ -81,6 +84,7 @@ class TrainSpec:
     grad_sample_mode: GradSampleMode = DEFAULT_GRAD_SAMPLE_MODE
     optimizer: OptimizerName = "sgd"
     seed: int | None = None
+    audit: CanaryAudit | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_fn", "data_fn", "loss_fn"):
@@ -92,6 +96,15 @@ class TrainSpec:
         _check_choice("optimizer", self.optimizer, get_args(OptimizerName))
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be None or an integer >= 0, got {self.seed!r}.")
+        if self.audit is not None and not isinstance(self.audit, CanaryAudit):
+            raise TypeError(f"audit must be a ray_dptune.training.CanaryAudit or None, got {self.audit!r}.")
+
+    def training_data(self, config: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
+        """``data_fn(config)``, with the audit's inserted canaries appended to the training set."""
+        train_set, val_set = self.data_fn(config)
+        if self.audit is not None:
+            train_set = self.audit.training_set(train_set)
+        return train_set, val_set
 
 
 @dataclass(frozen=True)

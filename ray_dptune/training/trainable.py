@@ -8,6 +8,7 @@ The trainable reports, with every ``tune.report``, the score plus its privacy pl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch.utils.data import Dataset
 
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.result_keys import PARTITION_KEY
+from ray_dptune.training.canaries import CanaryAudit
 from ray_dptune.training.loop import train
 from ray_dptune.training.partition import Partition, part_sizes
 from ray_dptune.training.plan import PrivacyParams, candidates, describe_plans, dominant_plan, space_plan
@@ -178,10 +180,20 @@ class DPTrainable:
                 covers all, or a part is not private.
         """
         if PARTITION_KEY in param_space:
+            if self.spec.audit is not None:
+                raise ValueError(
+                    f"A canary audit covers a search over the whole training set, not {PARTITION_KEY!r} parts."
+                )
             return self._partition_plan(param_space, dataset_size)
         if dataset_size is None:
             dataset_size = len(self._train_set(param_space))
         return space_plan(param_space, self.spec.privacy, dataset_size)
+
+    def with_audit(self, audit: CanaryAudit) -> DPTrainable:
+        """This trainable with ``audit``'s canaries inserted into every trial's training set
+        (:mod:`ray_dptune.audit`); restore an audited search with it (``tune.Tuner.restore(path,
+        trainable.with_audit(audit))``), else its trials would train without the canaries."""
+        return DPTrainable(dataclasses.replace(self.spec, audit=audit))
 
     def dataset_size(self, param_space: Mapping[str, Any]) -> int:
         """Size of the training set ``data_fn`` gives for the space's fixed entries."""
@@ -218,7 +230,7 @@ class DPTrainable:
         from ray_dptune.search.space import is_fixed  # imported here: Ray is slow to import
 
         fixed = {key: value for key, value in param_space.items() if is_fixed(value)}
-        return self.spec.data_fn(fixed)[0]
+        return self.spec.training_data(fixed)[0]
 
     def __repr__(self) -> str:
         return f"DPTrainable({self.__name__}, {self.spec.privacy})"

@@ -6,6 +6,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from ray.tune import Callback
@@ -85,6 +86,8 @@ class PrivacyAccountantCallback(Callback):
             (``target_epsilon`` then applies to it).
         dataset: identifier of the private data set, required with ``ledger``.
         verbose: print a line each time the guarantee or the count of finished trials changes.
+        audit: the public record of a canary audit (:meth:`ray_dptune.audit.CanaryAudit.record`),
+            journaled with the search and put in its report; never the audit's secret.
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class PrivacyAccountantCallback(Callback):
         ledger: PrivacyLedger | None = None,
         dataset: str | None = None,
         verbose: bool = True,
+        audit: Mapping[str, Any] | None = None,
     ):
         searcher = private_searcher_of(searcher)
         if (ledger is None) != (dataset is None):
@@ -136,6 +140,7 @@ class PrivacyAccountantCallback(Callback):
                 ledger, search_id=self._search_id, dataset=dataset, searcher=type(searcher).__name__
             )
         self._verbose = verbose
+        self._audit = None if audit is None else dict(audit)
         self._restored = False
         self._violation: PrivacyError | None = None
         self._configs: dict[str, Any] = {}
@@ -321,6 +326,7 @@ class PrivacyAccountantCallback(Callback):
             complete=complete,
             incomplete_reason=reason,
             started_at=self._started_at,
+            audit=self._audit,
         )
 
     # ------------------------------------------------------------------ the journal
@@ -353,6 +359,7 @@ class PrivacyAccountantCallback(Callback):
             "searcher": type(self._searcher).__name__,
             "dataset": self._dataset,
             "target_epsilon": self._budget.target_epsilon,
+            "audit": self._audit,
         }
 
     # ------------------------------------------------------------------ ledger and target

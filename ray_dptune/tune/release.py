@@ -9,9 +9,11 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from ray_dptune.audit.result import released_audit
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.journal import JOURNAL_FILE
 from ray_dptune.records.report import REPORT_FILE, read_report, write_report
+from ray_dptune.result_keys import AUDIT_KEY
 
 __all__ = ["ReleasedTrial", "release_best"]
 
@@ -144,7 +146,15 @@ def release_best(
                 f"This search already released trial {written.released_trial_id}; releasing {trial_id} too would "
                 "release two trials, which the guarantee does not cover."
             )
-        write_report(filesystem, report_path, dataclasses.replace(written, released_trial_id=trial_id))
+        audit = written.audit
+        if audit is not None:  # the released model's canary counts beside the proven ε; no other trial's
+            audit = released_audit(
+                audit,
+                _last_metrics(best).get(AUDIT_KEY),
+                epsilon_upper=report["guarantee"]["epsilon"],
+                delta=report["guarantee"]["delta"],
+            )
+        write_report(filesystem, report_path, dataclasses.replace(written, released_trial_id=trial_id, audit=audit))
     if purge:
         _purge(filesystem, experiment_path, keep, trials, report)
     return released

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
@@ -18,6 +18,9 @@ from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
 from ray_dptune.tune.accountant import PrivacyAccountantCallback
 from ray_dptune.tune.guard import check_stop, private_tune_config
+
+if TYPE_CHECKING:
+    from ray_dptune.training.canaries import CanaryAudit
 
 __all__ = ["private_tuner"]
 
@@ -43,6 +46,7 @@ def private_tuner(
     ledger: Any = None,
     dataset: str | None = None,
     verbose: bool = True,
+    audit: CanaryAudit | None = None,
 ) -> tune.Tuner:
     """A ``tune.Tuner`` whose whole search is (``epsilon``, ``delta``)-DP, calibrated before any trial.
 
@@ -85,6 +89,13 @@ def private_tuner(
             The report then also gives every search on it (``epsilon_dataset``).
         dataset: identifier of the private data set, with ``ledger``.
         verbose: print ε live.
+        audit: a :class:`~ray_dptune.training.CanaryAudit` to audit the search in this one run:
+            its canaries go into every trial's training set (σ is calibrated at that size), and
+            :func:`~ray_dptune.release_best` puts the released model's ε_lower beside the
+            proven ε in the report (``ray-dptune audit FOLDER`` prints both). Restore with
+            ``tune.Tuner.restore(path, trainable.with_audit(audit))``. A loop of your own
+            (``plan_for=``) trains on ``audit.training_set(train_set)`` and adds
+            ``{"dp_audit": audit.count(losses).to_dict()}`` to its last report.
 
     Raises:
         PrivacyError: no noise multiplier meets the budget (e.g. the score releases alone exceed it).
@@ -106,6 +117,8 @@ def private_tuner(
             f"trainable {type(trainable).__name__} is not a ray_dptune.training.dp_trainable: pass plan_for= "
             "(σ -> the plan of one trial, e.g. ray_dptune.training.opacus_plan(...)) for a trainable of your own."
         )
+    if audit is not None and hasattr(trainable, "with_audit"):
+        trainable = trainable.with_audit(audit)  # before planning: the canaries change the training set's size
     if plan_for is not None and isinstance(searcher, ConstantOverheadSearcher):
         raise ValueError("ConstantOverheadSearcher's trials are planned by a dp_trainable; plan_for= is not supported.")
     if NOISE_KEY in param_space:
@@ -136,6 +149,7 @@ def private_tuner(
         ledger=ledger,
         dataset=dataset,
         verbose=verbose,
+        audit=None if audit is None else audit.record(),
     )
     return tune.Tuner(
         trainable,

@@ -1,0 +1,133 @@
+"""Canaries for a one-run audit of a whole private search (Steinke, Nasr & Jagielski 2023).
+
+A :class:`CanaryAudit` holds m canaries and a secret from the operating system's secure
+source. From the secret come the canaries (random inputs in the data's range, random
+labels) and which of them are inserted into the private training set, each independently
+with probability ½; every trial of the search inserts the same ones. The secret never
+reaches a config, a result, the journal or the report: they hold its SHA-256 commitment.
+
+After training, the auditor ranks the canaries by the released model's loss (black box:
+it sees only the model's outputs) and guesses "in" for the lowest losses and "out" for the
+highest, abstaining on the rest (:meth:`CanaryAudit.count`); :mod:`ray_dptune.audit` turns
+the counts into ε_lower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
+
+from ray_dptune.audit.bound import DEFAULT_CONFIDENCE
+from ray_dptune.audit.counts import BLACK_BOX_LOSS, AuditCounts
+
+__all__ = ["CanaryAudit"]
+
+_INCLUSION_STREAM, _EXAMPLE_STREAM = 0, 1
+
+
+@dataclass(frozen=True, repr=False)
+class CanaryAudit:
+    """m canaries, inserted at random into the private training set of every trial of a search.
+
+    Args:
+        canaries: m ≥ 2; more canaries give a tighter lower bound and change the data more.
+        num_classes: labels are drawn uniformly from ``range(num_classes)``.
+        guess_fraction: share of the canaries guessed on, half "in" and half "out" (fixed in
+            advance, as Theorem 3 requires); at least one guess each way.
+        input_range: (low, high): canary inputs are uniform in it, shaped like the training inputs.
+        confidence: of ε_lower (fixed in advance, like the guesses).
+        secret: 128 bits from ``secrets`` (give one only in tests: whoever knows it knows the canaries).
+    """
+
+    canaries: int
+    num_classes: int
+    guess_fraction: float = 0.2
+    input_range: tuple[float, float] = (0.0, 1.0)
+    confidence: float = DEFAULT_CONFIDENCE
+    secret: int = field(default_factory=lambda: secrets.randbits(128))
+
+    def __post_init__(self) -> None:
+        for name, value, least in (("canaries", self.canaries, 2), ("num_classes", self.num_classes, 2)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}.")
+        if not (isinstance(self.guess_fraction, (int, float)) and 0 < self.guess_fraction <= 1):
+            raise ValueError(f"guess_fraction must lie in (0, 1], got {self.guess_fraction!r}.")
+        if self.guesses_per_side < 1:
+            raise ValueError(
+                f"guess_fraction={self.guess_fraction} of {self.canaries} canaries makes no guess each way: "
+                "raise canaries or guess_fraction."
+            )
+        if not (isinstance(self.confidence, float) and 0 < self.confidence < 1):
+            raise ValueError(f"confidence must be a float strictly between 0 and 1, got {self.confidence!r}.")
+        low, high = self.input_range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"input_range must be (low, high) with finite low < high, got {self.input_range!r}.")
+        if isinstance(self.secret, bool) or not isinstance(self.secret, int) or self.secret < 0:
+            raise ValueError("secret must be an int >= 0 (leave it out: it is drawn from the secure source).")
+
+    def __repr__(self) -> str:  # never the secret
+        return f"CanaryAudit(canaries={self.canaries}, num_classes={self.num_classes}, commitment={self.commitment})"
+
+    @property
+    def guesses_per_side(self) -> int:
+        return int(self.guess_fraction * self.canaries) // 2
+
+    @property
+    def commitment(self) -> str:
+        """SHA-256 of the secret: what the journal and reports hold instead of it."""
+        return hashlib.sha256(f"ray_dptune canary audit {self.secret}".encode()).hexdigest()
+
+    def record(self) -> dict[str, Any]:
+        """The audit's public record (journal, report): sizes, method and commitment, never the secret."""
+        return {
+            "canaries": self.canaries,
+            "guesses": 2 * self.guesses_per_side,
+            "method": BLACK_BOX_LOSS,
+            "confidence": self.confidence,
+            "commitment": self.commitment,
+        }
+
+    def inclusion(self) -> np.ndarray:
+        """Which canaries are inserted: independent fair coins from the secret (the auditor's secret)."""
+        return self._rng(_INCLUSION_STREAM).integers(0, 2, size=self.canaries).astype(bool)
+
+    def examples(self, like: torch.Tensor) -> TensorDataset:
+        """All m canaries as (input, label) pairs, inputs of ``like``'s shape and dtype."""
+        rng = self._rng(_EXAMPLE_STREAM)
+        low, high = self.input_range
+        inputs = rng.uniform(low, high, size=(self.canaries, *like.shape))
+        labels = rng.integers(0, self.num_classes, size=self.canaries)
+        return TensorDataset(torch.as_tensor(inputs, dtype=like.dtype), torch.as_tensor(labels, dtype=torch.int64))
+
+    def training_set(self, train_set: Dataset) -> Dataset:
+        """``train_set`` with the inserted canaries appended (the set DP-SGD trains on)."""
+        canaries = self.examples(train_set[0][0])
+        inserted = Subset(canaries, np.flatnonzero(self.inclusion()).tolist())
+        return ConcatDataset([train_set, inserted])
+
+    def count(self, losses: Sequence[float] | np.ndarray) -> AuditCounts:
+        """The counts from each canary's loss on the trained model (index order of :meth:`examples`).
+
+        Guesses "in" for the ``guesses_per_side`` lowest losses and "out" for as many of the
+        highest; ties go by index (a fixed rule that ignores the inclusion).
+        """
+        losses = np.asarray(losses, dtype=float)
+        if losses.shape != (self.canaries,):
+            raise ValueError(f"Expected one loss per canary ({self.canaries}), got shape {losses.shape}.")
+        losses = np.where(np.isnan(losses), np.inf, losses)  # a NaN loss reads as "not fitted"
+        order = np.argsort(losses, kind="stable")
+        side = self.guesses_per_side
+        inclusion = self.inclusion()
+        correct = int(inclusion[order[:side]].sum() + (~inclusion[order[-side:]]).sum())
+        return AuditCounts(self.canaries, 2 * side, correct, self.commitment)
+
+    def _rng(self, stream: int) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence(self.secret, spawn_key=(stream,)))
