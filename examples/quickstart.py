@@ -10,6 +10,7 @@ Run it (a local Ray starts on the spot; ~1–3 minutes on 2 cores):
     .venv/bin/python examples/quickstart.py
     .venv/bin/python examples/quickstart.py --epsilon 8 --mean 16 --concurrency 4   # bigger
     .venv/bin/python examples/quickstart.py --storage-path ./ray_results --name my_search
+    .venv/bin/python examples/quickstart.py --audit 500   # + a one-run audit: ε_lower beside ε
 
 Like any Tune run, the experiment stays in ``~/ray_results/<name>`` (or ``--storage-path``),
 under a new timestamped name each run: the trials, their checkpoints and
@@ -21,6 +22,7 @@ Swap in your own ``model_fn`` / ``data_fn`` (config -> (train, validation) datas
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -39,7 +41,7 @@ from ray_dptune import (
     repeat_and_select,
 )
 from ray_dptune.records.report import REPORT_FILE
-from ray_dptune.training import digits_cnn, digits_data, dp_trainable
+from ray_dptune.training import CanaryAudit, digits_cnn, digits_data, dp_trainable
 
 SPACE = {"lr": tune.loguniform(0.05, 4.0), "max_grad_norm": tune.loguniform(0.1, 10.0)}
 NAME_FORMAT = "dp_quickstart_%Y-%m-%d_%H-%M-%S"  # the experiment folder's default name: Tune's timestamp style
@@ -78,6 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "σ grows with it (default 0)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed K and the configs (default: secure)")
+    parser.add_argument(
+        "--audit",
+        type=int,
+        default=0,
+        metavar="M",
+        help="audit the search in this one run with M canaries (e.g. 500): ε_lower beside the proven ε (default 0: off)",
+    )
     return parser.parse_args(argv)
 
 
@@ -102,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Experiment folder (kept): {experiment}", flush=True)
     ray.init(log_to_driver=False)  # keep the trials' own logs in the experiment folder
     searcher = RandomCountSearcher(Poisson(args.mean), metric="val_acc", mode="max", seed=args.seed)
+    audit = CanaryAudit(canaries=args.audit, num_classes=10) if args.audit else None
     tuner = private_tuner(
         trainable,
         param_space=SPACE,
@@ -111,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         tune_config=tune.TuneConfig(max_concurrent_trials=args.concurrency),
         run_config=run_config,
         retries=args.retries,  # headroom for re-runs; a re-run beyond it is refused, never paid over budget
+        audit=audit,  # None, or canaries in every trial's training set: ε_lower beside ε in the report
     )
     results = tuner.fit()
 
@@ -121,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nNothing released: {refusal}")
         print_next_steps(results.experiment_path, args.retries, released=False)
         return 1
-    print_summary(released, results, trainable, searcher.num_trials, args)
+    planned = trainable if audit is None else trainable.with_audit(audit)  # the canaries enlarge the data
+    print_summary(released, results, planned, searcher.num_trials, args)
     print_next_steps(results.experiment_path, args.retries, released=True)
     return 0
 
@@ -150,6 +162,15 @@ def print_summary(released, results, trainable, num_trials: int, args: argparse.
     )
     print(f"  composing all K = {num_trials} trials (releasing all): ε = {composed:.3f}")
     print(f"  random-count selection (this search):     ε = {released.guarantee['epsilon']:.3f}")
+    if args.audit:
+        with open(os.path.join(results.experiment_path, REPORT_FILE)) as file:
+            audit = json.load(file)["audit"]
+        if audit["epsilon_lower"] is not None:
+            print(
+                f"One-run audit ({audit['canaries']} canaries, {audit['correct']} of {audit['guesses']} guesses right): "
+                f"ε_lower = {audit['epsilon_lower']:.3f} at {audit['confidence']:.0%} confidence, "
+                f"beside the proven ε = {audit['epsilon_upper']:.3f}"
+            )
 
 
 def print_next_steps(experiment: str, retries: int, *, released: bool) -> None:
@@ -164,6 +185,8 @@ def print_next_steps(experiment: str, retries: int, *, released: bool) -> None:
         cli = beside_python if os.path.relpath(beside_python).startswith("..") else os.path.relpath(beside_python)
     print(f"Privacy report: {report}")
     print(f"  {cli} journal {experiment}   # what the journal proves the search spent")
+    if released:
+        print(f"  {cli} audit {experiment}     # with --audit: ε_lower beside the proven ε")
     print(
         f'  interrupted? tune.Tuner.restore("{experiment}", trainable, resume_unfinished=True)'
         f"   # re-runs unfinished trials, each charged its plan: {retries} reserved (--retries)"

@@ -36,7 +36,7 @@ def released_audit(
             "correct": None,
             "epsilon_lower": None,
             "missing": "the released trial trained with other canaries than the search's (restored without "
-            "trainable.with_audit(audit)?)",
+            "trainable.with_audit(CanaryAudit.from_journal(path))?)",
         }
     epsilon_lower = counts.epsilon_lower(delta=delta, confidence=record["confidence"])
     return {

@@ -3,8 +3,9 @@
 A :class:`CanaryAudit` holds m canaries and a secret from the operating system's secure
 source. From the secret come the canaries (random inputs in the data's range, random
 labels) and which of them are inserted into the private training set, each independently
-with probability ½; every trial of the search inserts the same ones. The secret never
-reaches a config, a result, the journal or the report: they hold its SHA-256 commitment.
+with probability ½; every trial of the search inserts the same ones. The secret reaches no
+config, result or report (they hold its SHA-256 commitment); the search's journal keeps it,
+so that a restore after a killed driver inserts the same canaries.
 
 After training, the auditor ranks the canaries by the released model's loss (black box:
 it sees only the model's outputs) and guesses "in" for the lowest losses and "out" for the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +29,8 @@ from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 from ray_dptune.audit.bound import DEFAULT_CONFIDENCE
 from ray_dptune.audit.counts import BLACK_BOX_LOSS, AuditCounts
+from ray_dptune.errors import PrivacyError
+from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
 
 __all__ = ["CanaryAudit"]
 
@@ -86,14 +90,57 @@ class CanaryAudit:
         return hashlib.sha256(f"ray_dptune canary audit {self.secret}".encode()).hexdigest()
 
     def record(self) -> dict[str, Any]:
-        """The audit's public record (journal, report): sizes, method and commitment, never the secret."""
+        """The audit's public record (the report's ``audit`` section): its settings and commitment, not the secret."""
         return {
             "canaries": self.canaries,
+            "num_classes": self.num_classes,
+            "guess_fraction": self.guess_fraction,
+            "input_range": list(self.input_range),
+            "confidence": self.confidence,
             "guesses": 2 * self.guesses_per_side,
             "method": BLACK_BOX_LOSS,
-            "confidence": self.confidence,
             "commitment": self.commitment,
         }
+
+    def journal_record(self) -> dict[str, Any]:
+        """:meth:`record` with the secret: what the search's journal keeps (synced before any trial starts)
+        so that :meth:`from_journal` rebuilds the same canaries after a killed driver."""
+        return {**self.record(), "secret": str(self.secret)}
+
+    @classmethod
+    def from_journal(cls, path: str | os.PathLike[str]) -> CanaryAudit:
+        """The audit of the search journaled at ``path`` (the experiment folder or its journal file):
+        restore an audited search with ``tune.Tuner.restore(path, trainable.with_audit(CanaryAudit.from_journal(path)))``.
+
+        Raises:
+            PrivacyError: no journal there, or its search ran without an audit.
+        """
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, JOURNAL_FILE)
+        if not os.path.exists(path):
+            raise PrivacyError(f"No privacy journal at {path}.")
+        journal = SearchJournal(path)
+        try:
+            search = journal.search()
+        finally:
+            journal.close()
+        record = None if search is None else search["record"].get("audit")
+        if record is None:
+            raise PrivacyError(f"The search journaled at {path} ran without a canary audit.")
+        audit = cls(
+            canaries=record["canaries"],
+            num_classes=record["num_classes"],
+            guess_fraction=record["guess_fraction"],
+            input_range=tuple(record["input_range"]),
+            confidence=record["confidence"],
+            secret=int(record["secret"]),
+        )
+        if audit.commitment != record["commitment"]:
+            raise PrivacyError(
+                f"The audit journaled at {path} does not match its own commitment: the file was altered."
+            )
+        return audit
 
     def inclusion(self) -> np.ndarray:
         """Which canaries are inserted: independent fair coins from the secret (the auditor's secret)."""

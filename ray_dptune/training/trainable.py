@@ -192,8 +192,11 @@ class DPTrainable:
     def with_audit(self, audit: CanaryAudit) -> DPTrainable:
         """This trainable with ``audit``'s canaries inserted into every trial's training set
         (:mod:`ray_dptune.audit`); restore an audited search with it (``tune.Tuner.restore(path,
-        trainable.with_audit(audit))``), else its trials would train without the canaries."""
-        return DPTrainable(dataclasses.replace(self.spec, audit=audit))
+        trainable.with_audit(CanaryAudit.from_journal(path)))``), else its trials train without the canaries."""
+        audited = DPTrainable(dataclasses.replace(self.spec, audit=audit))
+        # what Tune set on this object stays, e.g. tune.with_resources' request
+        audited.__dict__.update({key: value for key, value in vars(self).items() if key != "spec"})
+        return audited
 
     def dataset_size(self, param_space: Mapping[str, Any]) -> int:
         """Size of the training set ``data_fn`` gives for the space's fixed entries."""

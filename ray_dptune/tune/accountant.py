@@ -86,8 +86,8 @@ class PrivacyAccountantCallback(Callback):
             (``target_epsilon`` then applies to it).
         dataset: identifier of the private data set, required with ``ledger``.
         verbose: print a line each time the guarantee or the count of finished trials changes.
-        audit: the public record of a canary audit (:meth:`ray_dptune.audit.CanaryAudit.record`),
-            journaled with the search and put in its report; never the audit's secret.
+        audit: a canary audit's :meth:`~ray_dptune.training.CanaryAudit.journal_record`, journaled
+            with the search before any trial; the report gets it without the secret.
     """
 
     def __init__(
@@ -140,7 +140,7 @@ class PrivacyAccountantCallback(Callback):
                 ledger, search_id=self._search_id, dataset=dataset, searcher=type(searcher).__name__
             )
         self._verbose = verbose
-        self._audit = None if audit is None else dict(audit)
+        self._audit = None if audit is None else dict(audit)  # the journal's; the report's has no secret
         self._restored = False
         self._violation: PrivacyError | None = None
         self._configs: dict[str, Any] = {}
@@ -326,7 +326,7 @@ class PrivacyAccountantCallback(Callback):
             complete=complete,
             incomplete_reason=reason,
             started_at=self._started_at,
-            audit=self._audit,
+            audit=None if self._audit is None else {k: v for k, v in self._audit.items() if k != "secret"},
         )
 
     # ------------------------------------------------------------------ the journal

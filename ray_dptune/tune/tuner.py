@@ -93,7 +93,7 @@ def private_tuner(
             its canaries go into every trial's training set (σ is calibrated at that size), and
             :func:`~ray_dptune.release_best` puts the released model's ε_lower beside the
             proven ε in the report (``ray-dptune audit FOLDER`` prints both). Restore with
-            ``tune.Tuner.restore(path, trainable.with_audit(audit))``. A loop of your own
+            ``tune.Tuner.restore(path, trainable.with_audit(CanaryAudit.from_journal(path)))``. A loop of your own
             (``plan_for=``) trains on ``audit.training_set(train_set)`` and adds
             ``{"dp_audit": audit.count(losses).to_dict()}`` to its last report.
 
@@ -149,7 +149,7 @@ def private_tuner(
         ledger=ledger,
         dataset=dataset,
         verbose=verbose,
-        audit=None if audit is None else audit.record(),
+        audit=None if audit is None else audit.journal_record(),
     )
     return tune.Tuner(
         trainable,
