@@ -169,7 +169,9 @@ def test_bad_audits_are_refused():
 
 
 def test_with_audit_keeps_the_trainable_and_its_resources():
-    trainable = tune.with_resources(dp_trainable(digits_cnn, digits_data, batch_size=64, epochs=1), {"cpu": 1, "gpu": 1})
+    trainable = tune.with_resources(
+        dp_trainable(digits_cnn, digits_data, batch_size=64, epochs=1), {"cpu": 1, "gpu": 1}
+    )
     audit = CanaryAudit(canaries=20, num_classes=10, secret=5)
     audited = trainable.with_audit(audit)
     assert audited.spec.audit is audit and trainable.spec.audit is None
