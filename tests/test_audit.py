@@ -23,6 +23,7 @@ import pytest
 import torch
 from ray import tune
 from scipy import stats
+from scipy.optimize import brentq
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -254,12 +255,13 @@ def test_secretly_less_noise_than_the_plan_is_flagged():
     assert counts.epsilon_lower(delta=DELTA) > claimed
 
 
-@pytest.mark.parametrize("noise_multiplier", [1.5, 2.0])
-def test_honest_noise_stays_below_its_proven_epsilon(noise_multiplier):
+@pytest.mark.parametrize("claimed", [3.0, 8.0])
+def test_honest_noise_stays_below_its_proven_epsilon(claimed):
     audit = CanaryAudit(canaries=200, num_classes=CLASSES, guess_fraction=0.5, input_range=(-1.0, 1.0), secret=13)
+    noise_multiplier = brentq(lambda sigma: plan_epsilon(audit, sigma) - claimed, 0.3, 10.0, xtol=1e-6) * 1.001
     counts, spent = audited_run(audit, noise_multiplier=noise_multiplier, max_grad_norm=100.0)
     proven = spent.curve().epsilon(delta=DELTA)
-    assert proven == pytest.approx(plan_epsilon(audit, noise_multiplier))
+    assert proven == pytest.approx(plan_epsilon(audit, noise_multiplier)) and proven <= claimed
     assert counts.epsilon_lower(delta=DELTA) <= proven
 
 
@@ -293,6 +295,9 @@ def test_an_audited_search_reports_epsilon_lower_beside_epsilon_upper(tmp_path, 
     rebuilt = CanaryAudit.from_journal(experiment)  # what a restore after a killed driver inserts
     assert rebuilt.commitment == audit.commitment and np.array_equal(rebuilt.inclusion(), audit.inclusion())
 
+    with pytest.raises(SystemExit) as refused:  # nothing released yet: no ε_lower to show
+        cli_main(["audit", experiment])
+    assert refused.value.code == 1 and "run release_best" in capsys.readouterr().err
     released = release_best(results, purge=True)
     with open(os.path.join(experiment, "privacy_report.json")) as file:
         section = json.load(file)["audit"]
@@ -306,6 +311,8 @@ def test_an_audited_search_reports_epsilon_lower_beside_epsilon_upper(tmp_path, 
     printed = capsys.readouterr().out
     assert f"ε_upper = {released.guarantee['epsilon']:.4g}" in printed
     assert f"ε_lower = {section['epsilon_lower']:.4g} at 95% confidence" in printed
+    assert cli_main(["audit", experiment, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == section
     secret = str(audit.secret)
     holding = set()
     for folder, _, files in os.walk(experiment):  # after the purge: the secret in the journal alone
