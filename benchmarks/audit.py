@@ -5,6 +5,10 @@ generated data with a :class:`~ray_dptune.training.CanaryAudit` and reads its re
 model's ε_lower (Steinke, Nasr & Jagielski 2023, Theorem 3; 95 %, δ = 1e-5): the model a
 search releases is one such run, and the audit sees nothing else of the search.
 
+Both of the audit's methods run on the same settings: ``black-box`` (each canary's loss on the
+released model) and ``white-box`` (its loss gradient at the initial weights against the whole
+update).
+
 Data: 10 Gaussian classes in 300 dimensions (class means N(0, I), unit noise), 2 000
 training points (+ the inserted canaries), a linear model, SGD at lr 0.5, Poisson batches of
 100, 10 epochs. Canaries: uniform in [-1, 1]^300 with uniform random labels; the audit
@@ -22,7 +26,7 @@ whatever the model, so a claim of ε = 8 can never be flagged by this audit).
 
 Usage::
 
-    .venv/bin/python benchmarks/audit.py            # 10 runs a row, ~10 min on 2 cores
+    .venv/bin/python benchmarks/audit.py            # 10 runs a row, ~10 min on 2 cores (quiet)
     .venv/bin/python benchmarks/audit.py --quick    # 3 runs a row, -quick files
 """
 
@@ -59,6 +63,7 @@ CLAIMED = (3.0, 8.0)
 SECRET_FRACTIONS = (10, 30, 100)  # the broken trainable adds σ / this
 AUDIT_CANARIES, AUDIT_FRACTION = 1000, 0.2
 BUDGET = 3.0  # the quickstart's ε
+METHODS = ("black-box", "white-box")
 
 
 def gaussian_classes(config: Any) -> tuple[TensorDataset, TensorDataset]:
@@ -105,51 +110,68 @@ def audited_run(audit: CanaryAudit, *, sigma: float, max_grad_norm: float, seed:
 
 def non_private_rows(runs: int) -> list[dict[str, Any]]:
     rows = []
-    for canaries in NON_PRIVATE_CANARIES:
-        results = [
-            audited_run(
-                CanaryAudit(canaries=canaries, num_classes=CLASSES, guess_fraction=0.5, input_range=(-1.0, 1.0)),
-                sigma=1e-6,
-                max_grad_norm=100.0,
-                seed=seed,
+    for method in METHODS:
+        for canaries in NON_PRIVATE_CANARIES:
+            results = [
+                audited_run(
+                    CanaryAudit(
+                        canaries=canaries,
+                        num_classes=CLASSES,
+                        guess_fraction=0.5,
+                        input_range=(-1.0, 1.0),
+                        method=method,
+                    ),
+                    sigma=1e-6,
+                    max_grad_norm=100.0,
+                    seed=seed,
+                )
+                for seed in range(runs)
+            ]
+            lowers = [r["epsilon_lower"] for r in results]
+            rows.append(
+                {
+                    "method": method,
+                    "canaries": canaries,
+                    "runs": results,
+                    "min": min(lowers),
+                    "mean": float(np.mean(lowers)),
+                }
             )
-            for seed in range(runs)
-        ]
-        lowers = [r["epsilon_lower"] for r in results]
-        rows.append({"canaries": canaries, "runs": results, "min": min(lowers), "mean": float(np.mean(lowers))})
-        print(f"non-private m={canaries}: ε_lower min {min(lowers):.3f}", flush=True)
+            print(f"non-private {method} m={canaries}: ε_lower min {min(lowers):.3f}", flush=True)
     return rows
 
 
 def private_rows(runs: int) -> list[dict[str, Any]]:
     rows = []
-    for claimed in CLAIMED:
-        for divisor in (1, *SECRET_FRACTIONS):
-            results = []
-            for seed in range(runs):
-                audit = CanaryAudit(
-                    canaries=AUDIT_CANARIES, num_classes=CLASSES, guess_fraction=AUDIT_FRACTION, input_range=(-1.0, 1.0)
-                )
-                sigma = calibrate_noise_multiplier(plan_for(audit), epsilon=claimed, delta=DELTA, law=PointMass(1))
-                upper = plan_for(audit)(sigma).curve().epsilon(delta=DELTA)
-                run = audited_run(audit, sigma=sigma / divisor, max_grad_norm=10.0, seed=seed)
-                results.append({**run, "sigma_planned": sigma, "epsilon_upper": upper})
-            lowers = [r["epsilon_lower"] for r in results]
-            kind = "honest" if divisor == 1 else f"broken (σ/{divisor})"
-            rows.append(
-                {
-                    "claimed": claimed,
-                    "kind": kind,
-                    "runs": results,
-                    "flagged": sum(r["epsilon_lower"] > r["epsilon_upper"] for r in results),
-                    "mean": float(np.mean(lowers)),
-                    "max": max(lowers),
-                    "epsilon_upper": max(r["epsilon_upper"] for r in results),
-                }
+    for method, claimed, divisor in [(m, c, d) for m in METHODS for c in CLAIMED for d in (1, *SECRET_FRACTIONS)]:
+        results = []
+        for seed in range(runs):
+            audit = CanaryAudit(
+                canaries=AUDIT_CANARIES,
+                num_classes=CLASSES,
+                guess_fraction=AUDIT_FRACTION,
+                input_range=(-1.0, 1.0),
+                method=method,
             )
-            print(
-                f"ε={claimed} {kind}: flagged {rows[-1]['flagged']}/{runs}, max ε_lower {max(lowers):.3f}", flush=True
-            )
+            sigma = calibrate_noise_multiplier(plan_for(audit), epsilon=claimed, delta=DELTA, law=PointMass(1))
+            upper = plan_for(audit)(sigma).curve().epsilon(delta=DELTA)
+            run = audited_run(audit, sigma=sigma / divisor, max_grad_norm=10.0, seed=seed)
+            results.append({**run, "sigma_planned": sigma, "epsilon_upper": upper})
+        lowers = [r["epsilon_lower"] for r in results]
+        kind = "honest" if divisor == 1 else f"broken (σ/{divisor})"
+        rows.append(
+            {
+                "method": method,
+                "claimed": claimed,
+                "kind": kind,
+                "runs": results,
+                "flagged": sum(r["epsilon_lower"] > r["epsilon_upper"] for r in results),
+                "mean": float(np.mean(lowers)),
+                "max": max(lowers),
+                "epsilon_upper": max(r["epsilon_upper"] for r in results),
+            }
+        )
+        print(f"{method} ε={claimed} {kind}: flagged {rows[-1]['flagged']}/{runs}, max {max(lowers):.3f}", flush=True)
     return rows
 
 
@@ -163,27 +185,33 @@ def render(record: dict[str, Any]) -> str:
         "",
         "## Non-private control (σ = 1e-6, clipping 100, guesses on half the canaries)",
         "",
-        f"| canaries m | guesses r | ε_lower min | ε_lower mean | all above ε = {BUDGET:g}? |",
-        "|--:|--:|--:|--:|---|",
+        f"| method | canaries m | guesses r | ε_lower min | ε_lower mean | all above ε = {BUDGET:g}? |",
+        "|---|--:|--:|--:|--:|---|",
     ]
     for row in record["non_private"]:
         above = "yes" if row["min"] > BUDGET else "no"
         lines.append(
-            f"| {row['canaries']} | {row['runs'][0]['guesses']} | {row['min']:.3f} | {row['mean']:.3f} | {above} |"
+            f"| {row['method']} | {row['canaries']} | {row['runs'][0]['guesses']} | {row['min']:.3f} | "
+            f"{row['mean']:.3f} | {above} |"
         )
-    smallest = next((row["canaries"] for row in record["non_private"] if row["min"] > BUDGET), None)
+    lines.append("")
+    for method in METHODS:
+        rows = [row for row in record["non_private"] if row["method"] == method]
+        smallest = next((row["canaries"] for row in rows if row["min"] > BUDGET), None)
+        lines.append(f"Smallest m whose {method} ε_lower exceeds ε = {BUDGET:g} in every run: **{smallest}**.")
     lines += [
-        "",
-        f"Smallest m whose ε_lower exceeds ε = {BUDGET:g} in every run: **{smallest}**.",
         "",
         f"## Broken and honest runs (m = {AUDIT_CANARIES}, r = {int(AUDIT_CANARIES * AUDIT_FRACTION)}, clipping 10)",
         "",
-        "| claimed ε (= ε_upper) | trainable | flagged (ε_lower > ε_upper) | ε_lower mean | ε_lower max | gap ε_upper − max |",
-        "|--:|---|--:|--:|--:|--:|",
+        (
+            "| method | claimed ε (= ε_upper) | trainable | flagged (ε_lower > ε_upper) | ε_lower mean | ε_lower max "
+            "| gap ε_upper − max |"
+        ),
+        "|---|--:|---|--:|--:|--:|--:|",
     ]
     for row in record["private"]:
         lines.append(
-            f"| {row['claimed']:g} | {row['kind']} | {row['flagged']}/{runs} | {row['mean']:.3f} | {row['max']:.3f} | "
+            f"| {row['method']} | {row['claimed']:g} | {row['kind']} | {row['flagged']}/{runs} | {row['mean']:.3f} | {row['max']:.3f} | "
             f"{row['epsilon_upper'] - row['max']:.3f} |"
         )
     honest_ok = all(row["flagged"] == 0 for row in record["private"] if row["kind"] == "honest")

@@ -9,12 +9,14 @@ black-box audit; one above it is a bug.
 """
 
 from ray_dptune.audit.bound import DEFAULT_CONFIDENCE, one_run_epsilon_lower, one_run_p_value
-from ray_dptune.audit.counts import BLACK_BOX_LOSS, AuditCounts
+from ray_dptune.audit.counts import AUDIT_METHODS, BLACK_BOX_LOSS, WHITE_BOX_GRADIENT, AuditCounts
 from ray_dptune.audit.result import released_audit
 
 __all__ = [
+    "AUDIT_METHODS",
     "BLACK_BOX_LOSS",
     "DEFAULT_CONFIDENCE",
+    "WHITE_BOX_GRADIENT",
     "AuditCounts",
     "one_run_epsilon_lower",
     "one_run_p_value",

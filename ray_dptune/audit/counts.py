@@ -7,9 +7,15 @@ from typing import Any
 
 from ray_dptune.audit.bound import DEFAULT_CONFIDENCE, one_run_epsilon_lower
 
-__all__ = ["BLACK_BOX_LOSS", "AuditCounts"]
+__all__ = ["AUDIT_METHODS", "BLACK_BOX_LOSS", "WHITE_BOX_GRADIENT", "AuditCounts"]
 
 BLACK_BOX_LOSS = "black-box: each canary's loss on the released model; lowest guessed in, highest out"
+WHITE_BOX_GRADIENT = (
+    "white-box: each canary's loss gradient at the initial weights against the training's whole update "
+    "(their inner product); lowest guessed in, highest out"
+)
+AUDIT_METHODS = {"black-box": BLACK_BOX_LOSS, "white-box": WHITE_BOX_GRADIENT}
+"""How the auditor scores the canaries, by the name a :class:`~ray_dptune.training.CanaryAudit` takes."""
 
 
 @dataclass(frozen=True)
@@ -21,14 +27,14 @@ class AuditCounts:
         guesses: r, the canaries guessed on ("in" or "out").
         correct: v, the right guesses.
         commitment: the audit secret's SHA-256, to match the trial with its search.
-        method: how the guesses were made.
+        method: how the canaries were scored: a key of :data:`AUDIT_METHODS`.
     """
 
     canaries: int
     guesses: int
     correct: int
     commitment: str
-    method: str = BLACK_BOX_LOSS
+    method: str = "black-box"
 
     def epsilon_lower(self, *, delta: float, confidence: float = DEFAULT_CONFIDENCE) -> float:
         """ε_lower at ``confidence`` for a search claiming ``delta`` (Theorem 3 of the one-run paper)."""

@@ -30,7 +30,11 @@ def released_audit(
     if reported is None:
         return {**section, "correct": None, "epsilon_lower": None, "missing": "the released trial reported no counts"}
     counts = AuditCounts.from_dict(dict(reported))
-    if counts.commitment != record["commitment"] or counts.canaries != record["canaries"]:
+    if (counts.commitment, counts.canaries, counts.method) != (
+        record["commitment"],
+        record["canaries"],
+        record["method"],
+    ):
         return {
             **section,
             "correct": None,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_dptune.audit.bound import one_run_epsilon_lower
+from ray_dptune.audit.counts import AUDIT_METHODS
 from ray_dptune.cli.planning import LawSpec, RunMechanism, TrialSchedule, epsilon_curves
 from ray_dptune.extras import extra_imports
 
@@ -209,7 +210,7 @@ def format_audit(section: dict[str, Any]) -> str:
         f"{proven}\n"
         f"audit:   ε_lower = {lower:.4g} at {section['confidence']:.0%} confidence: {section['correct']} of "
         f"{section['guesses']} guesses right on {section['canaries']} canaries\n"
-        f"method:  {section['method']}\n"
+        f"method:  {AUDIT_METHODS.get(section['method'], section['method'])}\n"
         f"reading: {reading}"
     )
 

@@ -7,10 +7,14 @@ with probability ½; every trial of the search inserts the same ones. The secret
 config, result or report (they hold its SHA-256 commitment); the search's journal keeps it,
 so that a restore after a killed driver inserts the same canaries.
 
-After training, the auditor ranks the canaries by the released model's loss (black box:
-it sees only the model's outputs) and guesses "in" for the lowest losses and "out" for the
-highest, abstaining on the rest (:meth:`CanaryAudit.count`); :mod:`ray_dptune.audit` turns
-the counts into ε_lower.
+After training, the auditor scores each canary and guesses "in" for the lowest scores and
+"out" for the highest, abstaining on the rest (:meth:`CanaryAudit.count`);
+:mod:`ray_dptune.audit` turns the counts into ε_lower. Black box (the default): the score is
+the canary's loss on the released model, whose outputs are all the auditor sees. White box
+(the paper's stronger setting, where the auditor also knows the initial weights θ₀): the
+inner product of the canary's loss gradient at θ₀ with the training's whole update θ_T − θ₀,
+negative when the training descended the canary's loss. θ₀ is drawn independently of the
+data, so both are functions of the released model and public randomness, as Theorem 3 needs.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 from ray_dptune.audit.bound import DEFAULT_CONFIDENCE
-from ray_dptune.audit.counts import BLACK_BOX_LOSS, AuditCounts
+from ray_dptune.audit.counts import AUDIT_METHODS, AuditCounts
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
 
@@ -48,6 +52,9 @@ class CanaryAudit:
             advance, as Theorem 3 requires); at least one guess each way.
         input_range: (low, high): canary inputs are uniform in it, shaped like the training inputs.
         confidence: of ε_lower (fixed in advance, like the guesses).
+        method: "black-box" (each canary's loss on the released model) or "white-box" (its
+            loss gradient at the initial weights against the whole update; ``dp_trainable``
+            then keeps the initial weights in the trial's checkpoints).
         secret: 128 bits from ``secrets`` (give one only in tests: whoever knows it knows the canaries).
     """
 
@@ -56,6 +63,7 @@ class CanaryAudit:
     guess_fraction: float = 0.2
     input_range: tuple[float, float] = (0.0, 1.0)
     confidence: float = DEFAULT_CONFIDENCE
+    method: str = "black-box"
     secret: int = field(default_factory=lambda: secrets.randbits(128))
 
     def __post_init__(self) -> None:
@@ -71,6 +79,8 @@ class CanaryAudit:
             )
         if not (isinstance(self.confidence, float) and 0 < self.confidence < 1):
             raise ValueError(f"confidence must be a float strictly between 0 and 1, got {self.confidence!r}.")
+        if self.method not in AUDIT_METHODS:
+            raise ValueError(f"method must be one of {sorted(AUDIT_METHODS)}, got {self.method!r}.")
         low, high = self.input_range
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise ValueError(f"input_range must be (low, high) with finite low < high, got {self.input_range!r}.")
@@ -98,7 +108,7 @@ class CanaryAudit:
             "input_range": list(self.input_range),
             "confidence": self.confidence,
             "guesses": 2 * self.guesses_per_side,
-            "method": BLACK_BOX_LOSS,
+            "method": self.method,
             "commitment": self.commitment,
         }
 
@@ -134,6 +144,7 @@ class CanaryAudit:
             guess_fraction=record["guess_fraction"],
             input_range=tuple(record["input_range"]),
             confidence=record["confidence"],
+            method=record["method"],
             secret=int(record["secret"]),
         )
         if audit.commitment != record["commitment"]:
@@ -160,21 +171,22 @@ class CanaryAudit:
         inserted = Subset(canaries, np.flatnonzero(self.inclusion()).tolist())
         return ConcatDataset([train_set, inserted])
 
-    def count(self, losses: Sequence[float] | np.ndarray) -> AuditCounts:
-        """The counts from each canary's loss on the trained model (index order of :meth:`examples`).
+    def count(self, scores: Sequence[float] | np.ndarray) -> AuditCounts:
+        """The counts from each canary's score, lower meaning "more likely inserted" (index order of
+        :meth:`examples`): its loss on the trained model (black box) or its gradient against the update (white box).
 
-        Guesses "in" for the ``guesses_per_side`` lowest losses and "out" for as many of the
+        Guesses "in" for the ``guesses_per_side`` lowest scores and "out" for as many of the
         highest; ties go by index (a fixed rule that ignores the inclusion).
         """
-        losses = np.asarray(losses, dtype=float)
-        if losses.shape != (self.canaries,):
-            raise ValueError(f"Expected one loss per canary ({self.canaries}), got shape {losses.shape}.")
-        losses = np.where(np.isnan(losses), np.inf, losses)  # a NaN loss reads as "not fitted"
-        order = np.argsort(losses, kind="stable")
+        scores = np.asarray(scores, dtype=float)
+        if scores.shape != (self.canaries,):
+            raise ValueError(f"Expected one score per canary ({self.canaries}), got shape {scores.shape}.")
+        scores = np.where(np.isnan(scores), np.inf, scores)  # a NaN score reads as "not fitted"
+        order = np.argsort(scores, kind="stable")
         side = self.guesses_per_side
         inclusion = self.inclusion()
         correct = int(inclusion[order[:side]].sum() + (~inclusion[order[-side:]]).sum())
-        return AuditCounts(self.canaries, 2 * side, correct, self.commitment)
+        return AuditCounts(self.canaries, 2 * side, correct, self.commitment, self.method)
 
     def _rng(self, stream: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence(self.secret, spawn_key=(stream,)))

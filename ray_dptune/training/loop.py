@@ -173,10 +173,12 @@ def train(
         run.optimizer.attach_step_hook(guard.step_hook)  # replaces the PrivacyEngine accountant's hook
     else:
         run = _prepare_plain_run(config, spec, params, hyper, train_set, resume, randomness, device)
+    initial = _initial_weights(spec, run.module, resume)
+    audit = _CanaryScoring(spec, config, train_set, initial, device) if spec.audit is not None else None
     if resume is not None and resume.epoch >= params.epochs:
         # Restored after its last report: report it again (nothing new is spent), so that
         # Tune and the accountant see the trial finish with its plan spent.
-        _report_state(report, spec.metric, resume, audit=_audit_counts(spec, run.module, train_set, device))
+        _report_state(report, spec.metric, resume, audit=None if audit is None else audit.counts(run.module))
     for epoch in range(resume.epoch if resume else 0, params.epochs):
         randomness.start_epoch(epoch)
         _train_epoch(run, device)
@@ -190,11 +192,10 @@ def train(
             run.module.state_dict(),
             run.inner_optimizer.state_dict(),
             clipping_state(clipping, run.optimizer) if private else None,
+            initial,
         )
-        last = epoch + 1 == params.epochs
-        _report_state(
-            report, spec.metric, state, audit=_audit_counts(spec, run.module, train_set, device) if last else None
-        )
+        counts = audit.counts(run.module) if audit is not None and epoch + 1 == params.epochs else None
+        _report_state(report, spec.metric, state, audit=counts)
     return guard.spent if private else None
 
 
@@ -398,18 +399,68 @@ def _count_correct(module: nn.Module, dataset: Dataset, device: torch.device) ->
     return correct
 
 
-@torch.no_grad()
-def _audit_counts(spec: TrainSpec, module: nn.Module, train_set: Dataset, device: torch.device) -> AuditCounts | None:
-    """The audit's counts from each canary's loss on ``module`` (None without an audit)."""
-    if spec.audit is None:
+def _initial_weights(spec: TrainSpec, module: nn.Module, resume: TrainState | None) -> dict[str, Any] | None:
+    """The weights the trial started from, for a white-box audit (kept in every checkpoint); else None."""
+    if spec.audit is None or spec.audit.method != "white-box":
         return None
-    module.eval()
-    losses = []
-    for inputs, targets in DataLoader(spec.audit.examples(train_set[0][0]), batch_size=_EVAL_BATCH_SIZE):
-        logits = module(inputs.to(device))
-        losses.append(spec.loss_fn(logits, targets.to(device), reduction="none").float().cpu())
-    module.train()
-    return spec.audit.count(torch.cat(losses).numpy())
+    if resume is not None:
+        if resume.initial_model_state is None:
+            raise ValueError("A white-box audit needs the trial's initial weights, which this checkpoint lacks.")
+        return resume.initial_model_state
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+
+class _CanaryScoring:
+    """Scores the audit's canaries on a trained model, by the audit's method, into counts."""
+
+    def __init__(
+        self,
+        spec: TrainSpec,
+        config: Mapping[str, Any],
+        train_set: Dataset,
+        initial: dict[str, Any] | None,
+        device: torch.device,
+    ) -> None:
+        assert spec.audit is not None
+        self.audit, self.loss_fn, self.device = spec.audit, spec.loss_fn, device
+        self.canaries = spec.audit.examples(train_set[0][0])
+        self.start: nn.Module | None = None
+        if initial is not None:  # white box: the model as it started, built as the loop builds it
+            self.start = _compatible_model(spec.model_fn(config)).to(device)
+            self.start.load_state_dict(initial)
+            self.start.eval()
+
+    def counts(self, module: nn.Module) -> AuditCounts:
+        scores = self._losses(module) if self.start is None else self._update_alignments(module)
+        return self.audit.count(scores)
+
+    @torch.no_grad()
+    def _losses(self, module: nn.Module) -> np.ndarray:
+        module.eval()
+        losses = []
+        for inputs, targets in DataLoader(self.canaries, batch_size=_EVAL_BATCH_SIZE):
+            logits = module(inputs.to(self.device))
+            losses.append(self.loss_fn(logits, targets.to(self.device), reduction="none").float().cpu())
+        module.train()
+        return torch.cat(losses).numpy()
+
+    def _update_alignments(self, module: nn.Module) -> np.ndarray:
+        """⟨∇ loss(θ₀; canary), θ_T − θ₀⟩ per canary: negative when training descended its loss."""
+        assert self.start is not None
+        final = dict(module.named_parameters())
+        update = {name: final[name].detach() - weight.detach() for name, weight in self.start.named_parameters()}
+        scores = []
+        for inputs, targets in DataLoader(self.canaries, batch_size=1):
+            self.start.zero_grad(set_to_none=True)
+            self.loss_fn(self.start(inputs.to(self.device)), targets.to(self.device)).backward()
+            scores.append(
+                sum(
+                    float((weight.grad * update[name]).sum())
+                    for name, weight in self.start.named_parameters()
+                    if weight.grad is not None
+                )
+            )
+        return np.asarray(scores)
 
 
 def _release_score(

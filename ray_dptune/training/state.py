@@ -29,6 +29,8 @@ class TrainState:
         optimizer_state: ``state_dict`` of the (non-private) optimizer.
         clipping_state: an adaptive clipping mode's state (its ``clipping_state_dict()``
             with its ``"mode"``), None for fixed clipping.
+        initial_model_state: the weights the trial started from, kept for a white-box canary
+            audit (:class:`~ray_dptune.training.CanaryAudit`); None otherwise.
     """
 
     epoch: int
@@ -38,14 +40,17 @@ class TrainState:
     model_state: dict[str, Any]
     optimizer_state: dict[str, Any]
     clipping_state: dict[str, Any] | None = None
+    initial_model_state: dict[str, Any] | None = None
 
     def save(self, directory: str | Path) -> None:
-        """Writes ``model.pt``, ``optimizer.pt``, ``progress.json`` and, if any, ``clipping.pt``."""
+        """Writes ``model.pt``, ``optimizer.pt``, ``progress.json`` and, if any, ``clipping.pt`` and ``initial_model.pt``."""
         directory = Path(directory)
         torch.save(self.model_state, directory / "model.pt")
         torch.save(self.optimizer_state, directory / "optimizer.pt")
         if self.clipping_state is not None:
             torch.save(self.clipping_state, directory / "clipping.pt")
+        if self.initial_model_state is not None:
+            torch.save(self.initial_model_state, directory / "initial_model.pt")
         progress = {
             "epoch": self.epoch,
             "score": self.score,
@@ -59,7 +64,7 @@ class TrainState:
         """Reads :meth:`save`'s files; tensors are mapped to ``device``."""
         directory = Path(directory)
         progress = json.loads((directory / "progress.json").read_text())
-        clipping = directory / "clipping.pt"
+        clipping, initial = directory / "clipping.pt", directory / "initial_model.pt"
         return cls(
             epoch=int(progress["epoch"]),
             score=float(progress["score"]),
@@ -68,6 +73,9 @@ class TrainState:
             model_state=torch.load(directory / "model.pt", map_location=device, weights_only=True),
             optimizer_state=torch.load(directory / "optimizer.pt", map_location=device, weights_only=True),
             clipping_state=torch.load(clipping, map_location=device, weights_only=True) if clipping.exists() else None,
+            initial_model_state=(
+                torch.load(initial, map_location=device, weights_only=True) if initial.exists() else None
+            ),
         )
 
 
