@@ -221,3 +221,37 @@ def test_dp_accounting_convergence_failures_are_not_logged_per_order(caplog):
     gaussian = RDPCurve.gaussian(noise_multiplier=1.0).epsilons * 10
     np.testing.assert_array_equal(dense.epsilons[unsummed], gaussian[unsummed])
     assert math.isfinite(dense.epsilon(delta=1e-5)) and math.isfinite(adaptive.epsilon(delta=1e-5))
+
+
+def _exact_conversions(curve: RDPCurve, *, epsilon: float, delta: float) -> tuple[float, float]:
+    """CKS 2020 Prop. 12 and Bretagnolle–Huber over the curve's grid, in 50-digit arithmetic: (δ(ε), ε(δ))."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    deltas, epsilons = [], []
+    for alpha, rdp in zip(curve.orders.tolist(), curve.epsilons.tolist()):
+        a, r = mpmath.mpf(alpha), mpmath.mpf(rdp)
+        deltas.append(mpmath.exp((a - 1) * (r - epsilon + mpmath.log(a - 1) - mpmath.log(a)) - mpmath.log(a)))
+        deltas.append(mpmath.sqrt(-mpmath.expm1(-r)))
+        at_alpha = r + mpmath.log(a - 1) - mpmath.log(a) - (mpmath.log(delta) + mpmath.log(a)) / (a - 1)
+        epsilons.append(mpmath.mpf(0) if delta**2 + mpmath.expm1(-r) > 0 else at_alpha)
+    return float(min(min(deltas), 1)), float(max(min(epsilons), 0))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_conversions_never_fall_below_their_formula_in_exact_arithmetic(seed):
+    """δ(ε) and ε(δ) are at least Prop. 12's value over the grid computed in 50 digits, and within
+    the rounding margin above it: a margin that rounds down (1 − 1e-12) fails this."""
+    rng = np.random.default_rng(seed)
+    orders = np.sort(rng.uniform(1.05, 200.0, size=12))
+    curve = RDPCurve(orders, rng.uniform(0.01, 2.0) * orders ** rng.uniform(0.3, 1.0))
+    for epsilon in (0.5, 2.0, 6.0):
+        exact_delta, _ = _exact_conversions(curve, epsilon=epsilon, delta=0.5)
+        if 1e-300 < exact_delta < 1:
+            got = curve.delta(epsilon=epsilon)
+            assert exact_delta <= got <= exact_delta * (1 + 3e-12), (epsilon, got, exact_delta)
+    for delta in (1e-5, 1e-9):
+        _, exact_epsilon = _exact_conversions(curve, epsilon=1.0, delta=delta)
+        if exact_epsilon > 0:
+            got = curve.epsilon(delta=delta)
+            assert exact_epsilon <= got <= exact_epsilon * (1 + 3e-12), (delta, got, exact_epsilon)
