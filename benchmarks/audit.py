@@ -83,7 +83,7 @@ def linear_model(config: Any) -> nn.Module:
 
 
 def plan_for(audit: CanaryAudit):
-    size = TRAIN + int(audit.inclusion().sum())
+    size = audit.planned_size(TRAIN)
     sample_rate, steps = sampling_schedule(size, BATCH)
     return lambda sigma: TrialSpend(sample_rate=sample_rate, noise_multiplier=sigma, steps=EPOCHS * steps)
 

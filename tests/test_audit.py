@@ -146,6 +146,21 @@ def test_training_set_appends_exactly_the_included_canaries():
         assert torch.equal(x, inputs[index]) and int(y) == int(labels[index])
 
 
+def test_the_plan_does_not_depend_on_the_secret_coins():
+    """q and the steps count every canary, inserted or not: the plan (released in the report) and the
+    sampling are the same whichever canaries went in; the loader samples the real set plus the inserted."""
+    trainable = dp_trainable(digits_cnn, digits_data, noise_multiplier=1.0, batch_size=64, epochs=2)
+    space = {"lr": 0.5, "max_grad_norm": 1.0}
+    audits = [CanaryAudit(canaries=40, num_classes=10, secret=secret) for secret in (1, 2, 3)]
+    assert len({int(audit.inclusion().sum()) for audit in audits}) > 1
+    plans = {trainable.with_audit(audit).privacy_plan(space) for audit in audits}
+    (plan,) = plans
+    assert plan.sample_rate == 64 / (1437 + 40) and plan.steps == 2 * int((1437 + 40) / 64)
+    reports = []
+    train(space, trainable.with_audit(audits[0]).spec, lambda metrics, _: reports.append(metrics))
+    assert reports[-1]["dp_plan"] == plan.to_dict()
+
+
 def test_count_guesses_in_for_the_lowest_losses_and_out_for_the_highest():
     audit = CanaryAudit(canaries=100, num_classes=10, guess_fraction=0.4, secret=3)
     inclusion = audit.inclusion()
@@ -234,7 +249,7 @@ def audited_run(audit, *, noise_multiplier, max_grad_norm, epochs=10, lr=0.5, se
 
 
 def plan_epsilon(audit, noise_multiplier, epochs=10):
-    size = 500 + int(audit.inclusion().sum())
+    size = 500 + audit.canaries  # every canary counted, inserted or not
     sample_rate, steps = sampling_schedule(size, 50)
     return (
         TrialSpend(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=epochs * steps)
@@ -294,8 +309,8 @@ def test_an_audited_search_reports_epsilon_lower_beside_epsilon_upper(tmp_path, 
         verbose=False,
     )
     space = tuner._local_tuner.param_space
-    audited_size = len(digits_data()[0]) + int(audit.inclusion().sum())
-    assert trainable.with_audit(audit).dataset_size(space) == audited_size  # σ calibrated at the audited size
+    planned_size = len(digits_data()[0]) + 100  # all canaries, inserted or not: q does not depend on the coins
+    assert trainable.with_audit(audit).dataset_size(space) == planned_size  # σ calibrated at that size
     results = tuner.fit()
     experiment = results.experiment_path
     counts = [AuditCounts.from_dict(result.metrics["dp_audit"]) for result in results]

@@ -171,6 +171,16 @@ class CanaryAudit:
         inserted = Subset(canaries, np.flatnonzero(self.inclusion()).tolist())
         return ConcatDataset([train_set, inserted])
 
+    def planned_size(self, dataset_size: int) -> int:
+        """The size DP-SGD's plan samples from: ``dataset_size`` records plus all m canaries.
+
+        Counting every canary, inserted or not, keeps q = batch_size / size and the steps per
+        epoch independent of the secret coins: each coin then only adds or removes one record
+        of a Poisson-sampled run at a fixed q, the neighbouring pair DP-SGD's guarantee covers
+        (a q that moved with the number inserted would reveal it in the plan and the model).
+        """
+        return dataset_size + self.canaries
+
     def count(self, scores: Sequence[float] | np.ndarray) -> AuditCounts:
         """The counts from each canary's score, lower meaning "more likely inserted" (index order of
         :meth:`examples`): its loss on the trained model (black box) or its gradient against the update (white box).

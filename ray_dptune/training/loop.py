@@ -159,17 +159,29 @@ def train(
     private = clipping is not None
     if partition is not None and spec.audit is not None:
         raise ValueError(f"A canary audit covers a search over the whole training set, not {PARTITION_KEY!r} parts.")
-    train_set, val_set = spec.training_data(config)
+    train_set, val_set, planned_size = spec.training_data(config)
     if partition is not None:
         train_set = partition.subset(train_set)
-    plan = trial_plan(params, len(train_set)) if private else None
+        planned_size = len(train_set)
+    plan = trial_plan(params, planned_size) if private else None
     if resume is not None and resume.plan != plan:
         raise PrivacyError(f"The checkpoint's plan {resume.plan} differs from this trial's plan {plan}.")
     guard = SpendGuard(plan, resume.spent if resume else None) if private else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     randomness = _Randomness(spec.seed, device)
     if private:
-        run = _prepare_run(config, spec, params, hyper, train_set, resume, randomness, device, clipping=clipping)
+        run = _prepare_run(
+            config,
+            spec,
+            params,
+            hyper,
+            train_set,
+            resume,
+            randomness,
+            device,
+            clipping=clipping,
+            planned_size=planned_size,
+        )
         run.optimizer.attach_step_hook(guard.step_hook)  # replaces the PrivacyEngine accountant's hook
     else:
         run = _prepare_plain_run(config, spec, params, hyper, train_set, resume, randomness, device)
@@ -255,10 +267,13 @@ def _prepare_run(
     device: torch.device,
     *,
     clipping: Clipping = _FIXED_CLIPPING,
+    planned_size: int | None = None,
 ) -> _Run:
-    """Model, optimizer and Poisson loader, restored from ``resume`` and made private."""
+    """Model, optimizer and Poisson loader, restored from ``resume`` and made private; the loader samples
+    ``train_set`` at q = batch_size / ``planned_size`` (default: its size; more with an audit's canaries)."""
     model, optimizer = _model_and_optimizer(config, spec, hyper, resume, device)
-    sample_rate, steps_per_epoch = sampling_schedule(len(train_set), params.batch_size)
+    planned_size = len(train_set) if planned_size is None else planned_size
+    sample_rate, steps_per_epoch = sampling_schedule(planned_size, params.batch_size)
     # Built here so that q is exactly batch_size / n; make_private(poisson_sampling=True)
     # would rebuild it at q = 1 / ceil(n / batch_size).
     loader = DPDataLoader(train_set, sample_rate=sample_rate, generator=randomness.sampling)

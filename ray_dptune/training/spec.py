@@ -99,12 +99,14 @@ class TrainSpec:
         if self.audit is not None and not isinstance(self.audit, CanaryAudit):
             raise TypeError(f"audit must be a ray_dptune.training.CanaryAudit or None, got {self.audit!r}.")
 
-    def training_data(self, config: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
-        """``data_fn(config)``, with the audit's inserted canaries appended to the training set."""
+    def training_data(self, config: Mapping[str, Any]) -> tuple[Dataset, Dataset, int]:
+        """``data_fn(config)`` with the audit's inserted canaries appended to the training set, and
+        the size DP-SGD's plan samples from (q = batch_size / size): the training set's, plus every
+        canary, inserted or not (:meth:`~ray_dptune.training.CanaryAudit.planned_size`)."""
         train_set, val_set = self.data_fn(config)
-        if self.audit is not None:
-            train_set = self.audit.training_set(train_set)
-        return train_set, val_set
+        if self.audit is None:
+            return train_set, val_set, len(train_set)
+        return self.audit.training_set(train_set), val_set, self.audit.planned_size(len(train_set))
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ class DPTrainable:
                 )
             return self._partition_plan(param_space, dataset_size)
         if dataset_size is None:
-            dataset_size = len(self._train_set(param_space))
+            dataset_size = self.dataset_size(param_space)
         return space_plan(param_space, self.spec.privacy, dataset_size)
 
     def with_audit(self, audit: CanaryAudit) -> DPTrainable:
@@ -199,8 +199,9 @@ class DPTrainable:
         return audited
 
     def dataset_size(self, param_space: Mapping[str, Any]) -> int:
-        """Size of the training set ``data_fn`` gives for the space's fixed entries."""
-        return len(self._train_set(param_space))
+        """Size of the training set ``data_fn`` gives for the space's fixed entries (with an audit, plus its m
+        canaries: the size the plan samples from)."""
+        return self.spec.training_data(self._fixed(param_space))[2]
 
     def _partition_plan(self, param_space: Mapping[str, Any], dataset_size: int | None) -> TrialSpend:
         if dataset_size is not None:
@@ -230,10 +231,13 @@ class DPTrainable:
         return plan
 
     def _train_set(self, param_space: Mapping[str, Any]) -> Dataset:
+        return self.spec.data_fn(self._fixed(param_space))[0]
+
+    @staticmethod
+    def _fixed(param_space: Mapping[str, Any]) -> dict[str, Any]:
         from ray_dptune.search.space import is_fixed  # imported here: Ray is slow to import
 
-        fixed = {key: value for key, value in param_space.items() if is_fixed(value)}
-        return self.spec.training_data(fixed)[0]
+        return {key: value for key, value in param_space.items() if is_fixed(value)}
 
     def __repr__(self) -> str:
         return f"DPTrainable({self.__name__}, {self.spec.privacy})"
