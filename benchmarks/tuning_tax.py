@@ -58,8 +58,8 @@ seconds per trial predict the full run.
 Usage::
 
     .venv/bin/python benchmarks/tuning_tax.py           # 24 searches per (data set, ε, method), ε ∈ {1, 3, 8}:
-                                                        # ~30 min on 2 cores (an estimate, from the quick run's
-                                                        # seconds per trial; not measured)
+                                                        # 34 min on 2 cores shared with other jobs (2 028 s,
+                                                        # benchmarks/results/tuning_tax.md)
     .venv/bin/python benchmarks/tuning_tax.py --quick   # ε = 3, 2 searches per method, 15-point grid: ~1.5 min
 
 Writes ``benchmarks/results/tuning_tax.{md,json}`` (``-quick`` suffix with ``--quick``).
