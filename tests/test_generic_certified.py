@@ -91,6 +91,9 @@ def test_upper_envelope_is_never_below_the_maximum_of_its_lines() -> None:
         got = upper_envelope(x, slopes, intercepts)
         assert np.all(got >= truth)
         assert np.all(got - truth <= 1e-8 * (np.abs(truth) + x * np.abs(slopes).max() + 1))
+        lead = (x[:, None] * slopes[None, :] + intercepts[None, :]).argmax(axis=1)
+        scale = x * np.abs(slopes[lead]) + np.abs(intercepts[lead])  # at most the hull's scale
+        assert np.all(got - truth >= 0.5e-9 * scale)  # the documented margin is 1e-9 of the hull's scale
 
 
 def test_gaussian_default_meets_the_issue_targets() -> None:
