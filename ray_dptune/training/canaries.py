@@ -41,7 +41,7 @@ __all__ = ["CanaryAudit"]
 _INCLUSION_STREAM, _EXAMPLE_STREAM = 0, 1
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True, repr=False, kw_only=True)
 class CanaryAudit:
     """m canaries, inserted at random into the private training set of every trial of a search.
 
@@ -96,7 +96,7 @@ class CanaryAudit:
 
     @property
     def commitment(self) -> str:
-        """SHA-256 of the secret: what the journal and reports hold instead of it."""
+        """SHA-256 of the secret: what reports and trial results hold instead of it."""
         return hashlib.sha256(f"ray_dptune canary audit {self.secret}".encode()).hexdigest()
 
     def record(self) -> dict[str, Any]:
