@@ -20,7 +20,7 @@ with extra_imports("train", __name__):
 from ray_dptune.accounting.spend import sampling_schedule
 from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.training.automatic import AutomaticClipDPOptimizer, automatic_clipping
-from ray_dptune.training.canaries import CanaryAudit
+from ray_dptune.training.canaries import CanaryAudit, CanaryScorer
 from ray_dptune.training.clipping import ClippingMode
 from ray_dptune.training.data import digits_data
 from ray_dptune.training.loop import Report, train, train_step
@@ -40,6 +40,7 @@ __all__ = [
     "PRIVACY_KEYS",
     "AutomaticClipDPOptimizer",
     "CanaryAudit",
+    "CanaryScorer",
     "ClippingMode",
     "DPTrainable",
     "GradSampleMode",

@@ -29,16 +29,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
+from torch import nn
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorDataset
 
 from ray_dptune.audit.bound import DEFAULT_CONFIDENCE
 from ray_dptune.audit.counts import AUDIT_METHODS, AuditCounts
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
 
-__all__ = ["CanaryAudit"]
+__all__ = ["CanaryAudit", "CanaryScorer"]
 
 _INCLUSION_STREAM, _EXAMPLE_STREAM = 0, 1
+_SCORING_BATCH_SIZE = 1024
 
 
 @dataclass(frozen=True, repr=False, kw_only=True)
@@ -200,3 +202,57 @@ class CanaryAudit:
 
     def _rng(self, stream: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence(self.secret, spawn_key=(stream,)))
+
+
+class CanaryScorer:
+    """Scores an audit's canaries on a trained model, by the audit's method, into counts.
+
+    Args:
+        audit: the audit.
+        like: one training input (the canaries take its shape and dtype).
+        loss_fn: ``(logits, targets, reduction="none") -> per-example loss``.
+        start: the model with the weights the training started from (white box); None for black box.
+    """
+
+    def __init__(self, audit: CanaryAudit, *, like: torch.Tensor, loss_fn: Any, start: nn.Module | None) -> None:
+        if audit.method == "white-box" and start is None:
+            raise ValueError("A white-box audit scores against the initial weights: pass start= (the model at θ₀).")
+        if audit.method == "black-box" and start is not None:
+            raise ValueError("A black-box audit sees only the trained model: leave start= None.")
+        self.audit, self.loss_fn, self.start = audit, loss_fn, start
+        self.canaries = audit.examples(like)
+
+    def counts(self, module: nn.Module) -> AuditCounts:
+        """The counts on ``module`` (the trained model, unwrapped)."""
+        device = next(module.parameters()).device
+        scores = self._losses(module, device) if self.start is None else self._update_alignments(module, device)
+        return self.audit.count(scores)
+
+    @torch.no_grad()
+    def _losses(self, module: nn.Module, device: torch.device) -> np.ndarray:
+        module.eval()
+        losses = []
+        for inputs, targets in DataLoader(self.canaries, batch_size=_SCORING_BATCH_SIZE):
+            logits = module(inputs.to(device))
+            losses.append(self.loss_fn(logits, targets.to(device), reduction="none").float().cpu())
+        module.train()
+        return torch.cat(losses).numpy()
+
+    def _update_alignments(self, module: nn.Module, device: torch.device) -> np.ndarray:
+        """⟨∇ loss(θ₀; canary), θ_T − θ₀⟩ per canary: negative when training descended its loss."""
+        assert self.start is not None
+        self.start.eval()
+        final = dict(module.named_parameters())
+        update = {name: final[name].detach() - weight.detach() for name, weight in self.start.named_parameters()}
+        scores = []
+        for inputs, targets in DataLoader(self.canaries, batch_size=1):
+            self.start.zero_grad(set_to_none=True)
+            self.loss_fn(self.start(inputs.to(device)), targets.to(device)).backward()
+            scores.append(
+                sum(
+                    float((weight.grad * update[name]).sum())
+                    for name, weight in self.start.named_parameters()
+                    if weight.grad is not None
+                )
+            )
+        return np.asarray(scores)

@@ -35,6 +35,7 @@ from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
 from ray_dptune.audit.counts import AuditCounts
 from ray_dptune.errors import PrivacyError
 from ray_dptune.result_keys import AUDIT_KEY, PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_KEY
+from ray_dptune.training.canaries import CanaryScorer
 from ray_dptune.training.clipping import (
     Clipping,
     FixedClipping,
@@ -186,7 +187,11 @@ def train(
     else:
         run = _prepare_plain_run(config, spec, params, hyper, train_set, resume, randomness, device)
     initial = _initial_weights(spec, run.module, resume)
-    audit = _CanaryScoring(spec, config, train_set, initial, device) if spec.audit is not None else None
+    audit = None
+    if spec.audit is not None:
+        audit = CanaryScorer(
+            spec.audit, like=train_set[0][0], loss_fn=spec.loss_fn, start=_start_model(config, spec, initial, device)
+        )
     if resume is not None and resume.epoch >= params.epochs:
         # Restored after its last report: report it again (nothing new is spent), so that
         # Tune and the accountant see the trial finish with its plan spent.
@@ -425,57 +430,15 @@ def _initial_weights(spec: TrainSpec, module: nn.Module, resume: TrainState | No
     return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
 
 
-class _CanaryScoring:
-    """Scores the audit's canaries on a trained model, by the audit's method, into counts."""
-
-    def __init__(
-        self,
-        spec: TrainSpec,
-        config: Mapping[str, Any],
-        train_set: Dataset,
-        initial: dict[str, Any] | None,
-        device: torch.device,
-    ) -> None:
-        assert spec.audit is not None
-        self.audit, self.loss_fn, self.device = spec.audit, spec.loss_fn, device
-        self.canaries = spec.audit.examples(train_set[0][0])
-        self.start: nn.Module | None = None
-        if initial is not None:  # white box: the model as it started, built as the loop builds it
-            self.start = _compatible_model(spec.model_fn(config)).to(device)
-            self.start.load_state_dict(initial)
-            self.start.eval()
-
-    def counts(self, module: nn.Module) -> AuditCounts:
-        scores = self._losses(module) if self.start is None else self._update_alignments(module)
-        return self.audit.count(scores)
-
-    @torch.no_grad()
-    def _losses(self, module: nn.Module) -> np.ndarray:
-        module.eval()
-        losses = []
-        for inputs, targets in DataLoader(self.canaries, batch_size=_EVAL_BATCH_SIZE):
-            logits = module(inputs.to(self.device))
-            losses.append(self.loss_fn(logits, targets.to(self.device), reduction="none").float().cpu())
-        module.train()
-        return torch.cat(losses).numpy()
-
-    def _update_alignments(self, module: nn.Module) -> np.ndarray:
-        """⟨∇ loss(θ₀; canary), θ_T − θ₀⟩ per canary: negative when training descended its loss."""
-        assert self.start is not None
-        final = dict(module.named_parameters())
-        update = {name: final[name].detach() - weight.detach() for name, weight in self.start.named_parameters()}
-        scores = []
-        for inputs, targets in DataLoader(self.canaries, batch_size=1):
-            self.start.zero_grad(set_to_none=True)
-            self.loss_fn(self.start(inputs.to(self.device)), targets.to(self.device)).backward()
-            scores.append(
-                sum(
-                    float((weight.grad * update[name]).sum())
-                    for name, weight in self.start.named_parameters()
-                    if weight.grad is not None
-                )
-            )
-        return np.asarray(scores)
+def _start_model(
+    config: Mapping[str, Any], spec: TrainSpec, initial: dict[str, Any] | None, device: torch.device
+) -> nn.Module | None:
+    """The model as the trial started, built as the loop builds it (a white-box audit's θ₀), or None."""
+    if initial is None:
+        return None
+    start = _compatible_model(spec.model_fn(config)).to(device)
+    start.load_state_dict(initial)
+    return start
 
 
 def _release_score(

@@ -94,8 +94,9 @@ def private_tuner(
             :func:`~ray_dptune.release_best` puts the released model's ε_lower beside the
             proven ε in the report (``ray-dptune audit FOLDER`` prints both). Restore with
             ``tune.Tuner.restore(path, trainable.with_audit(CanaryAudit.from_journal(path)))``. A loop of your own
-            (``plan_for=``) trains on ``audit.training_set(train_set)`` and adds
-            ``{"dp_audit": audit.count(losses).to_dict()}`` to its last report.
+            (``plan_for=``) trains on ``audit.training_set(train_set)`` at q = batch_size /
+            ``audit.planned_size(n)`` and adds ``{"dp_audit": counts.to_dict()}`` to its last
+            report (:class:`~ray_dptune.training.canaries.CanaryScorer`).
 
     Raises:
         PrivacyError: no noise multiplier meets the budget (e.g. the score releases alone exceed it).
