@@ -31,7 +31,7 @@ from ray_dptune import PointMass, private_tuner, release_best
 from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
 from ray_dptune.audit import AuditCounts, one_run_epsilon_lower, one_run_p_value, released_audit
 from ray_dptune.cli.main import main as cli_main
-from ray_dptune.training import CanaryAudit, digits_cnn, digits_data, dp_trainable
+from ray_dptune.training import CanaryAudit, CanaryScorer, digits_cnn, digits_data, dp_trainable
 from ray_dptune.training.loop import train
 from ray_dptune.training.plan import PrivacyParams
 from ray_dptune.training.spec import TrainSpec
@@ -378,3 +378,25 @@ def test_a_white_box_trial_resumed_from_its_checkpoint_audits_as_if_never_stoppe
     plain = []
     train(config, black_box, lambda metrics, directory: plain.append(TrainState.load(directory)))
     assert plain[0].initial_model_state is None  # kept only for a white-box audit
+
+
+def test_a_loop_of_your_own_scores_with_canary_scorer():
+    """What a user's own Opacus loop does: train on audit.training_set, sample at planned_size, score."""
+    audit = CanaryAudit(canaries=40, num_classes=CLASSES, guess_fraction=0.5, input_range=(-1.0, 1.0), secret=8)
+    train_set, _ = gaussian_classes({})
+    audited = audit.training_set(train_set)
+    assert audit.planned_size(len(train_set)) == 540 and len(audited) == 500 + audit.inclusion().sum()
+    model = linear_model({})
+    with torch.no_grad():  # a model that has memorised exactly the inserted canaries: every guess right
+        inputs, labels = audit.examples(train_set[0][0]).tensors
+        model.weight.zero_()
+        model.bias.zero_()
+        for x, y in zip(inputs[audit.inclusion()], labels[audit.inclusion()]):
+            model.weight[y] += 10 * x
+    scorer = CanaryScorer(audit, like=train_set[0][0], loss_fn=torch.nn.functional.cross_entropy, start=None)
+    assert scorer.counts(model) == AuditCounts(40, 20, 20, audit.commitment)
+    with pytest.raises(ValueError, match="leave start= None"):
+        CanaryScorer(audit, like=train_set[0][0], loss_fn=torch.nn.functional.cross_entropy, start=model)
+    white = CanaryAudit(canaries=40, num_classes=CLASSES, method="white-box", secret=8)
+    with pytest.raises(ValueError, match="pass start="):
+        CanaryScorer(white, like=train_set[0][0], loss_fn=torch.nn.functional.cross_entropy, start=None)
