@@ -339,6 +339,9 @@ def test_an_audited_search_reports_epsilon_lower_beside_epsilon_upper(tmp_path, 
     assert f"ε_lower = {section['epsilon_lower']:.4g} at 95% confidence" in printed
     assert cli_main(["audit", experiment, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == section
+    plot = tmp_path / "audit.png"
+    assert cli_main(["audit", experiment, "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     secret = str(audit.secret)
     holding = set()
     for folder, _, files in os.walk(experiment):  # after the purge: the secret in the journal alone
