@@ -8,7 +8,8 @@
 #   bash scripts/mutants.sh                                        # everything
 #   bash scripts/mutants.sh 'ray_dptune.accounting.selection.*'    # one module (mutmut name globs)
 #
-# Results stay in mutants/ (git-ignored): a second run re-checks only what changed.
+# Results stay in mutants/ (git-ignored) for mutmut results; a run after any change to the tests
+# starts the module over from its first mutant, so run one module in one sitting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
