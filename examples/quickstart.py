@@ -130,11 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         released = release_best(results)
     except PrivacyError as refusal:  # e.g. an interrupted search is incomplete: nothing may be released yet
         print(f"\nNothing released: {refusal}")
-        print_next_steps(results.experiment_path, args.retries, released=False)
+        print_next_steps(results.experiment_path, args.retries, released=False, audited=audit is not None)
         return 1
     planned = trainable if audit is None else trainable.with_audit(audit)  # the canaries enlarge the data
     print_summary(released, results, planned, searcher.num_trials, args)
-    print_next_steps(results.experiment_path, args.retries, released=True)
+    print_next_steps(results.experiment_path, args.retries, released=True, audited=audit is not None)
     return 0
 
 
@@ -173,7 +173,7 @@ def print_summary(released, results, trainable, num_trials: int, args: argparse.
             )
 
 
-def print_next_steps(experiment: str, retries: int, *, released: bool) -> None:
+def print_next_steps(experiment: str, retries: int, *, released: bool, audited: bool = False) -> None:
     """Where the receipt is, and what to do with the experiment folder next (a few lines)."""
     report = os.path.join(experiment, REPORT_FILE)
     print()
@@ -185,10 +185,11 @@ def print_next_steps(experiment: str, retries: int, *, released: bool) -> None:
         cli = beside_python if os.path.relpath(beside_python).startswith("..") else os.path.relpath(beside_python)
     print(f"Privacy report: {report}")
     print(f"  {cli} journal {experiment}   # what the journal proves the search spent")
-    if released:
-        print(f"  {cli} audit {experiment}     # with --audit: ε_lower beside the proven ε")
+    if released and audited:
+        print(f"  {cli} audit {experiment}     # ε_lower beside the proven ε")
+    restored = f'trainable.with_audit(CanaryAudit.from_journal("{experiment}"))' if audited else "trainable"
     print(
-        f'  interrupted? tune.Tuner.restore("{experiment}", trainable, resume_unfinished=True)'
+        f'  interrupted? tune.Tuner.restore("{experiment}", {restored}, resume_unfinished=True)'
         f"   # re-runs unfinished trials, each charged its plan: {retries} reserved (--retries)"
     )
     if released:
