@@ -27,7 +27,7 @@ from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.store import SQLiteStore
 
-__all__ = ["JOURNAL_FILE", "SearchJournal", "journal_location", "journal_summary"]
+__all__ = ["JOURNAL_FILE", "SearchJournal", "existing_journal", "journal_location", "journal_summary"]
 
 JOURNAL_FILE = "privacy_journal.db"
 _VERSION = 1
@@ -178,6 +178,20 @@ def journal_location(trial: Any) -> str | None:
     return os.path.join(storage.experiment_fs_path, JOURNAL_FILE)
 
 
+def existing_journal(path: str | os.PathLike[str]) -> SearchJournal:
+    """The journal at ``path``: the journal file, or the experiment folder that holds it (never created).
+
+    Raises:
+        PrivacyError: no journal there.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, JOURNAL_FILE)
+    if not os.path.exists(path):
+        raise PrivacyError(f"No privacy journal at {path}.")
+    return SearchJournal(path)
+
+
 def journal_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What a journal proves a search spent, as a new driver would see it: every live attempt charged.
 
@@ -187,12 +201,8 @@ def journal_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         PrivacyError: no journal there, or one this version cannot read.
     """
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        path = os.path.join(path, JOURNAL_FILE)
-    if not os.path.exists(path):
-        raise PrivacyError(f"No privacy journal at {path}.")
-    journal = SearchJournal(path)
+    journal = existing_journal(path)
+    path = journal.path
     try:
         search = journal.search()
         account = journal.account()

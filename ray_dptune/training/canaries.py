@@ -35,7 +35,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorD
 from ray_dptune.audit.bound import DEFAULT_CONFIDENCE
 from ray_dptune.audit.counts import AUDIT_METHODS, AuditCounts
 from ray_dptune.errors import PrivacyError
-from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
+from ray_dptune.records.journal import existing_journal
 
 __all__ = ["CanaryAudit", "CanaryScorer"]
 
@@ -127,12 +127,8 @@ class CanaryAudit:
         Raises:
             PrivacyError: no journal there, or its search ran without an audit.
         """
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            path = os.path.join(path, JOURNAL_FILE)
-        if not os.path.exists(path):
-            raise PrivacyError(f"No privacy journal at {path}.")
-        journal = SearchJournal(path)
+        journal = existing_journal(path)
+        path = journal.path
         try:
             search = journal.search()
         finally:
