@@ -94,6 +94,58 @@ def test_partner_bounds_are_certified_and_tight_in_mpmath(curve: str, law: str) 
         assert target - p[i] <= 1e-9 * target + 1e-300, (q[i], p[i], target)  # tight
 
 
+@pytest.mark.parametrize(("curve", "law"), CASES, ids=[f"{c}-{law}" for c, law in CASES])
+def test_partner_bounds_are_certified_in_mpmath_down_to_the_smallest_q(curve: str, law: str) -> None:
+    """The certificate alone (no tightness bisection), fast: at the grid's smallest points, where
+    the floating-point error bound of an evaluated excess matters most, and at a spread of others."""
+    alphas, eps = partner_search.constraint_orders(bare(curve))
+    q = worst_pair.q_grid(LAWS[law], 256)
+    p = partner_search.lowest_partner(q, alphas, eps)
+    positive = np.nonzero(p > 0)[0]
+    for i in np.unique(np.r_[positive[:6], positive[np.linspace(0, positive.size - 1, 6).astype(int)]]):
+        assert p[i] <= q[i]
+        assert _violated(q[i], p[i], alphas, eps), (q[i], p[i])
+
+
+def test_constraint_orders_are_evenly_spread_from_the_first_to_the_last() -> None:
+    """Any subset of a curve's orders gives valid constraints; this one is the documented choice."""
+    curve = RDPCurve.gaussian(noise_multiplier=2.0, orders=np.arange(2.0, 102.0))  # 100 orders
+    alphas, eps = partner_search.constraint_orders(curve, max_orders=5)
+    assert alphas.tolist() == [2.0, 27.0, 52.0, 76.0, 101.0]  # indices round(0, 24.75, 49.5, 74.25, 99)
+    assert np.array_equal(eps, alphas / 8.0)
+    assert partner_search.constraint_orders(curve)[0].size == partner_search.MAX_CONSTRAINT_ORDERS == 48
+    assert np.array_equal(partner_search.constraint_orders(curve, max_orders=None)[0], curve.orders)
+
+
+def test_an_excess_is_within_its_error_bound_of_the_exact_one() -> None:
+    """What certifies a point: the evaluated excess log S - c lies within its stated error bound of
+    the exact one (mpmath, 40 digits), from q near 0 to q near 1 and x from far below q up to q."""
+    alphas, eps = partner_search.constraint_orders(CURVES["gaussian+pure"])
+    search = partner_search.PartnerSearch(np.array([0.0, 1.0]), alphas, eps)
+    table, keys = search.constraints.table, np.arange(search.constraints.keys)
+    rng = np.random.default_rng(1)
+    q = np.r_[1e-18, 1e-9, 10.0 ** rng.uniform(-6, -0.01, 6), 0.5, 1 - 1e-6, 1 - 1e-12]
+    x = q[:, None] * np.r_[1e-300, 1e-30, 10.0 ** rng.uniform(-12, 0, 5), 1 - 1e-9, 1.0][None, :]
+    q, x = np.repeat(q, x.shape[1]), x.ravel()
+    key, point = np.repeat(keys, q.size), np.tile(np.arange(q.size), keys.size)
+    pairs = search.constraints.pairs(key, np.log(q[point]), np.log1p(-q[point]))
+    t = pairs.t_of(x[point])
+    gap, err = pairs.evaluate(t)[:2]
+    first, w = table["first"][key], table["w"][key]
+    order = np.abs(alphas[None, :] - np.where(first, 1.0 - w, w)[:, None]).argmin(axis=1)  # w rounds α
+    with mpmath.workdps(40):
+        for i in range(key.size):
+            qi, ti, a = mpmath.mpf(q[point[i]]), mpmath.mpf(t[i]), mpmath.mpf(alphas[order[i]])
+            xi = mpmath.exp(ti) if first[i] else -mpmath.expm1(ti)
+            hi, lo = (qi, xi) if first[i] else (xi, qi)  # D_α(Bern(hi) ‖ Bern(lo))
+            s = hi**a * lo ** (1 - a) + (1 - hi) ** a * (1 - lo) ** (1 - a)
+            exact = mpmath.log(s) - (a - 1) * mpmath.mpf(eps[order[i]])
+            assert err[i] > 0 and abs(mpmath.mpf(gap[i]) - exact) <= err[i], (q[point[i]], x[point[i]], a)
+            # the bound read back from a certified t lies below the exact point (x_of rounds down)
+            read = pairs.subset(np.array([i])).x_of(np.array([table["sign"][key[i]] * t[i]]))[0]
+            assert read < xi or read == 0.0, (t[i], read)
+
+
 # ---------------------------------------------------------------- oracle 2: the bisection it replaced
 def _reference_partner(q: np.ndarray, alphas: np.ndarray, eps: np.ndarray) -> np.ndarray:
     """The old certified search: 48 bisection steps per point, every constraint, slack 1e-9 on ε."""

@@ -116,9 +116,10 @@ class _Pairs:
 
     def x_of(self, signed: np.ndarray) -> np.ndarray:
         """x at t = sign·``signed``, rounded down by 8 ulp (past exp's and expm1's own error, so the
-        float x lies below the real one, which is certified); -inf: 0."""
+        float x lies below the real one, which is certified), then one step more toward 0 (where x is
+        subnormal, the relative step is lost); -inf: 0."""
         x = np.where(self.first, np.exp(signed), -np.expm1(-signed)) * (1.0 - 8.0 * np.finfo(float).eps)
-        return np.where(signed == -np.inf, 0.0, x)
+        return np.where(signed == -np.inf, 0.0, np.nextafter(x, 0.0))
 
     def aim(self, err: np.ndarray) -> np.ndarray:
         aim: np.ndarray = np.maximum(self.slack, AIM * err)
@@ -127,7 +128,13 @@ class _Pairs:
     def evaluate(self, t: np.ndarray) -> tuple[np.ndarray, ...]:
         """log S - c, its error bound, log S, A, and B - log(1 - e^t), at t."""
         gap, log_sum, a, b_rest, other = self._excess(t)
-        return gap, self.e0 - self.e1 * (t + np.maximum(other, -800.0)), log_sum, a, b_rest
+        return gap, self.error(t, other), log_sum, a, b_rest
+
+    def error(self, t: np.ndarray, other: np.ndarray) -> np.ndarray:
+        """The bound on the floating-point error of the excess at t, where ``other`` = log(1 - e^t):
+        :data:`ROUNDING` per unit of each term (the logs of q, 1 - q, x, 1 - x; c; the sums)."""
+        err: np.ndarray = self.e0 - self.e1 * (t + np.maximum(other, -800.0))
+        return err
 
     def _excess(self, t: np.ndarray) -> tuple[np.ndarray, ...]:
         other = np.log(-np.expm1(t))
@@ -157,20 +164,19 @@ class _Pairs:
         end (fmax and fmin drop NaN).
         """
         gap, log_sum, a, b_rest, other = self._excess(t)
-        err = self.e0 - self.e1 * (t + np.maximum(other, -800.0))
+        err = self.error(t, other)
         aim = self.aim(err)
         best = np.full_like(t, -np.inf)
         for step in range(iterations + 1):
             if step:
                 gap, log_sum, a, b_rest, other = self._excess(t)
             if every:
-                now = self.e0 - self.e1 * (t + np.maximum(other, -800.0))
-                best = np.where(gap > now, np.maximum(best, self.sign * t), best)
+                best = np.where(gap > self.error(t, other), np.maximum(best, self.sign * t), best)
             if step == iterations or (step >= 2 and np.all(np.abs(gap - aim) <= err)):
                 break
             slope = self.w * (np.exp(a - log_sum) - np.exp(b_rest + t - log_sum))  # d log S / dt
             t = np.fmin(np.fmax(self._step(t, gap - aim, slope), self.low), self.high)
-        err = self.e0 - self.e1 * (t + np.maximum(other, -800.0))  # at the last iterate
+        err = self.error(t, other)  # at the last iterate
         certified = gap > err
         done = (certified & (np.abs(gap - self.aim(err)) <= err)) | ~np.isfinite(gap)  # NaN or inf: no progress
         return np.maximum(best, np.where(certified, self.sign * t, -np.inf)), t, done
