@@ -127,6 +127,23 @@ def test_default_cap_numbers_for_documented_settings():
     assert default_max_rounds(SVTParams(partitions=5, epsilon=0.2, granularity=0.01)) == 46
 
 
+@pytest.mark.parametrize("bad", [[-0.1, 0.5], [0.5, 1.1], [0.5, 1.5], [0.5, math.nan], [], [[0.5]]])
+def test_utilities_outside_the_unit_interval_are_refused(bad):
+    """Lemma 2's sensitivity 1/k holds only for utilities in [0, 1]: anything else is refused."""
+    params = SVTParams(partitions=2, epsilon=1.0, granularity=0.1)
+    with pytest.raises(ValueError, match="utilities must"):
+        run_svt(bad, params, max_rounds=5, rng=NON_RANDOMIZED)
+
+
+def test_the_ends_of_the_unit_interval_and_the_levels_are_accepted():
+    params = SVTParams(partitions=2, epsilon=1.0, granularity=DYADIC_G, initial_utility=0.5)
+    assert run_svt([0.0, 1.0], params, max_rounds=50, rng=NON_RANDOMIZED).chosen == 1
+    assert params.utility(2000) == 0.5 + 2000 * DYADIC_G  # a level past 1 is a finite utility
+    assert params.utility(2**1100) == math.inf  # past any double
+    with pytest.raises(ValueError, match="step"):
+        svt_round(np.array([0.5]), 0, 0, params, NON_RANDOMIZED)  # step 0 ends the loop: no round
+
+
 def test_the_cap_stops_the_loop():
     params = SVTParams(partitions=1, epsilon=1.0, granularity=DYADIC_G)
     full = run_svt([12.5 * DYADIC_G], params, max_rounds=100, rng=NON_RANDOMIZED)

@@ -70,6 +70,9 @@ def test_exponential_mechanism_is_stable_for_large_scores():
     np.testing.assert_allclose(p, special.softmax(10.0 * (mu - mu.max()) / 2e-3), atol=1e-300)
     p = vr.exponential_mechanism_probabilities(np.array([1.7e308, -1.7e308]), epsilon=1.0, sensitivity=1.0)
     np.testing.assert_array_equal(p, [1.0, 0.0])
+    # ε/(2Δ) underflows to 0: the ε → 0 limit, uniform, although the difference is -inf
+    p = vr.exponential_mechanism_probabilities(np.array([1.7e308, -1.7e308]), epsilon=1e-300, sensitivity=1e300)
+    np.testing.assert_array_equal(p, [0.5, 0.5])
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -108,6 +111,8 @@ def test_algorithm1_constants_against_hand_computed_values():
     assert config_only.em_sensitivity == pytest.approx(13.2399868961764508686258519434, rel=1e-11)  # β on δ
     paper = vr.paper_algorithm1_laplace_scale(**args, gamma=20.0)
     assert paper == pytest.approx(12.9387405708420015346970933501, rel=1e-11)  # the formula as printed
+    half = vr.paper_algorithm1_laplace_scale(**{**args, "epsilon": 0.5}, gamma=20.0)
+    assert half == pytest.approx(2 * paper, rel=1e-14)  # ∝ 1/ε
     assert both.laplace_scale > paper  # our union bound adds noise, never removes it
 
 
@@ -139,6 +144,13 @@ def test_algorithm3_scale_against_hand_computed_values():
     args.update(lambda_min=2.0, lambda_max=4.0)
     assert vr.algorithm3_sensitivity(**args) == pytest.approx(0.26, rel=1e-11)
     assert vr.paper_algorithm3_laplace_scale(epsilon=1.0, **args) == pytest.approx(0.255, rel=1e-11)
+    # (min{g*/m, L/(mλ_min)} + (λ_max − λ_min)L/(λ_maxλ_min))/ε = (0.01 + 0.5)/0.5, then where ελ_maxλ_min
+    # is subnormal: (1e158 + (1e160 − 5e159))/0.5
+    assert vr.paper_algorithm3_laplace_scale(epsilon=0.5, **{**args, "lipschitz": 2.0}) == pytest.approx(1.02)
+    tiny = {**args, "g_star": 1e160, "lambda_min": 1e-160, "lambda_max": 2e-160}
+    assert vr.paper_algorithm3_laplace_scale(epsilon=0.5, **tiny) == pytest.approx(1.02e160, rel=1e-12)
+    with pytest.raises(ValueError, match="epsilon"):
+        vr.paper_algorithm3_laplace_scale(epsilon=0.0, **args)
     with pytest.raises(ValueError, match="lambda_max"):
         vr.algorithm3_sensitivity(**{**args, "lambda_max": 1.0})
 
