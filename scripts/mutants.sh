@@ -8,9 +8,13 @@
 #   bash scripts/mutants.sh                                        # everything
 #   bash scripts/mutants.sh 'ray_dptune.accounting.selection.*'    # one module (mutmut name globs)
 #
-# Results stay in mutants/ (git-ignored) for mutmut results; a run after any change to the tests
-# starts the module over from its first mutant, so run one module in one sitting.
+# Results stay in mutants/ (git-ignored): with no argument, mutmut keeps each mutant's cached verdict;
+# a glob re-runs every mutant it names, finished or not (so a module named twice runs twice).
 set -euo pipefail
+# mutmut forks one process per mutant from a parent that has already run the tests: a thread pool the
+# parent started (OpenMP, BLAS) hangs in the child, and the mutant is scored "timed out" for a test
+# that never ran. One thread each keeps the children honest (and 2 cores busy).
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 start=$SECONDS
