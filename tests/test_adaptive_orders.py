@@ -98,3 +98,16 @@ def test_above_the_largest_computed_order_the_full_batch_gaussian_bounds_it():
     curve = RDPCurve.subsampled_gaussian(sample_rate=0.01, noise_multiplier=2.0, steps=7)
     high = DEFAULT_ORDERS > 1024
     np.testing.assert_allclose(curve.epsilons[high], 7 * DEFAULT_ORDERS[high] / (2 * 2.0**2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("max_order", [30.0, 100.0, 1024.0])
+def test_no_order_is_bounded_below_dp_accountings_value_whatever_the_cap(max_order):
+    """f(α) = (α − 1)ε(α) at every requested order is at least dp_accounting's own (or inf), also for orders
+    the initial nodes do not reach (a cap between nodes) and orders past the cap."""
+    orders = np.array([1.5, 2.0, 7.0, 30.0, 50.0, 100.0, 700.0, 1024.0, 2000.0])
+    kwargs = {"sample_rate": 0.01, "noise_multiplier": 1.1}
+    moments = adaptive_orders.subsampled_gaussian_step_moments(**kwargs, steps=1, orders=orders, max_order=max_order)
+    exact = adaptive_orders.dp_accounting_step_rdp(**kwargs, orders=orders) * (orders - 1.0)
+    assert np.all(moments >= exact * (1 - 1e-12))
+    assert np.all(np.isinf(moments[orders > max_order]))
+    assert np.all(np.isfinite(moments[orders <= min(max_order, 24.0)]))  # the initial nodes reach these
