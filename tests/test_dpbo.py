@@ -186,6 +186,33 @@ def test_gamma_bound_from_points_matches_the_matrix_version():
     )
 
 
+def test_gamma_bound_without_the_eigenvalue_bound_is_above_the_brute_force_maximum():
+    """Past 1 000 points only the greedy bounds remain: 1 001 rows of 3 distinct points, small noise (gains
+    above 1 nat), against the brute-force maximum over the distinct points' multisets."""
+    x = np.repeat(np.array([[0.1, 0.2], [0.5, 0.9], [0.9, 0.1]]), [334, 334, 333], axis=0)
+    distinct = ig.kernel_matrix(x[[0, 334, 668]], x[[0, 334, 668]], kernel="rbf", lengthscale=0.2)
+    for rounds in (1, 3):
+        bound = ig.max_information_gain_bound_from_points(x, rounds, 0.01, kernel="rbf", lengthscale=0.2)
+        assert exact_gamma(distinct, rounds, 0.01) <= bound <= exact_gamma(distinct, rounds, 0.01) / (1 - 1 / math.e)
+
+
+def test_gamma_inputs_that_are_not_a_kernel_are_refused():
+    for bad in (np.ones((2, 3)), np.ones(3), np.ones((0, 0)), np.array([[1.0, np.nan], [np.nan, 1.0]])):
+        with pytest.raises(ValueError, match="non-empty square matrix"):
+            ig.max_information_gain_bound(bad, 2, 0.1)
+    with pytest.raises(ValueError, match="not positive definite"):
+        ig.information_gain(np.array([[1.0, 3.0], [3.0, 1.0]]), 1.0)  # det(I + K) = -5
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "matern52"])
+def test_kernel_at_scales_where_distances_overflow(kernel):
+    """ℓ and the points near 1e200: the kernel of r/ℓ = 1; points 1e300 apart at ℓ = 1: 0."""
+    one = math.exp(-0.5) if kernel == "rbf" else (1 + math.sqrt(5) + 5 / 3) * math.exp(-math.sqrt(5))
+    value = ig.kernel_matrix(np.array([[1e200]]), np.array([[2e200]]), kernel=kernel, lengthscale=1e200)
+    assert value[0, 0] == pytest.approx(one, rel=1e-12)
+    assert ig.kernel_matrix(np.array([[0.0]]), np.array([[1e300]]), kernel=kernel, lengthscale=1.0)[0, 0] == 0.0
+
+
 def test_gamma_bound_counts_repeated_queries():
     """One point queried T times gains ½ log(1 + T/σ²) > ½ log(1 + 1/σ²): multisets matter."""
     k = np.ones((1, 1))

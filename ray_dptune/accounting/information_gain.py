@@ -146,15 +146,16 @@ def _greedy_bounds(
     var = np.clip(diag, 0.0, None)
     factors = np.zeros((n, rounds))  # posterior variance = diag(K) − Σ_j factors[:, j]²
     chosen, value, online = [], 0.0, math.inf
-    for s in range(rounds):
+    for s in range(rounds + 1):
         gains = 0.5 * np.log1p(var / noise)
-        online = min(online, value + rounds * float(gains.max()))
+        online = min(online, value + rounds * float(gains.max()))  # F(S_s) + T·max Δ(λ | S_s)
+        if s == rounds:
+            break
         p = int(np.argmax(gains))
         value += float(gains[p])
         factors[:, s] = (column(p) - factors[:, :s] @ factors[p, :s]) / math.sqrt(var[p] + noise)
         var = np.clip(var - factors[:, s] ** 2, 0.0, None)
         chosen.append(p)
-    online = min(online, value + rounds * float((0.5 * np.log1p(var / noise)).max()))
     k_chosen = np.stack([column(p)[chosen] for p in chosen], axis=1)
     value = max(value, information_gain(k_chosen, noise))  # F(S_T) two ways: take the larger
     bounds = [value / (1.0 - (1.0 - 1.0 / rounds) ** rounds), online]
