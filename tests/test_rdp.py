@@ -54,6 +54,10 @@ def test_mechanism_closed_forms():
     np.testing.assert_allclose(RDPCurve.zcdp(rho=0.3).epsilons, 0.3 * a, rtol=1e-15)
     np.testing.assert_allclose(RDPCurve.pure(epsilon=0.5).epsilons, np.minimum(0.5, a * 0.125), rtol=1e-15)
     assert np.all(RDPCurve.zero().epsilons == 0)
+    # where σ² overflows, α/σ/(2σ); where αε²/2 underflows, a positive floor (0 would claim no loss at all)
+    huge_sigma = RDPCurve.gaussian(noise_multiplier=1e150, orders=np.array([1e6])).epsilons[0]
+    assert huge_sigma == pytest.approx(5e-295, rel=1e-12, abs=0)
+    assert 0 < RDPCurve.pure(epsilon=1e-200, orders=np.array([2.0])).epsilons[0] <= 2e-300
     with pytest.raises(ValueError, match="noise_multiplier"):
         RDPCurve.gaussian(noise_multiplier=0.0)
     with pytest.raises(ValueError, match="rho"):
