@@ -89,6 +89,13 @@ def test_composition_on_different_grids_is_conservative():
     assert c.at(np.array([100.0]))[0] == np.inf
 
 
+def test_resampling_reads_each_new_order_from_the_next_order_above():
+    g = RDPCurve.gaussian(noise_multiplier=2.0, orders=np.array([2.0, 4.0, 8.0]))
+    r = g.resample(np.array([1.5, 3.0, 4.0, 16.0]))
+    assert r.epsilons.tolist() == [2.0 / 8, 4.0 / 8, 4.0 / 8, math.inf]  # D_α <= D_α' for α <= α'
+    assert r.orders.tolist() == [1.5, 3.0, 4.0, 16.0] and r.mechanism == g.mechanism
+
+
 def test_smoothing_applies_monotonicity():
     curve = RDPCurve([2.0, 3.0, 4.0, 5.0], [1.0, 0.5, 0.7, 0.6])
     assert curve.smoothed().epsilons.tolist() == [0.5, 0.5, 0.6, 0.6]
