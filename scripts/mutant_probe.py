@@ -4,8 +4,9 @@ Run by scripts/mutants.sh from mutmut's ``mutants/`` folder, with the names of t
 mutants on stdin. Every mutant runs, in a process forked for it alone (no cache carried over),
 the probes that reach its function: a panel of what the product reports (ε, δ, RDP orders,
 noise scales, counts charged) over every bound, law, profile and mechanism kind, plus inputs
-that must be refused. Each probe value is oriented so that larger is more conservative, and
-each mutant is sorted into one verdict:
+that must be refused and the share of partner bounds (partner_search) still certified in mpmath.
+Each probe value is oriented so that larger is more conservative, and each mutant is sorted into
+one verdict:
 
 - ``LOWERS``: some reported number is smaller than the unmutated code's (an optimistic ε):
   a test must kill it;
@@ -28,6 +29,7 @@ import sys
 from collections.abc import Callable
 from multiprocessing import get_context
 
+import mpmath
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution
 from mutmut.mutation import trampoline
@@ -46,6 +48,7 @@ from ray_dptune.accounting.distributions import (
 from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound
 from ray_dptune.accounting.generic import generic_repeat_and_select
 from ray_dptune.accounting.guarantee import compose_with_releases
+from ray_dptune.accounting.partner_search import constraint_orders, lowest_partner
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.rounding import round_up
 from ray_dptune.accounting.search_mechanism import SearchMechanism
@@ -308,6 +311,41 @@ MUST_REFUSE: dict[str, Callable[[], object]] = {
     "negative extra charges": lambda: events(SearchMechanism.composition()).guarantee(extra_charges=-1),
 }
 
+
+def partner_certificates() -> dict[str, float]:
+    """The share of partner bounds p ≤ b(q) that are certified in 40-digit mpmath (1.0 when all are): at p, some
+    constraint D_α(Bern(q)‖Bern(p)) or D_α(Bern(p)‖Bern(q)) ≤ ε(α) of the curve (all its orders, smoothed) must
+    fail. The reported numbers cannot show a partner that is a little too high; this can."""
+    q = np.r_[0.0, np.geomspace(1e-18, 0.5, 120), 1.0 - np.geomspace(0.5, 1e-12, 60)[1:], 1.0]
+    out: dict[str, float] = {}
+    for name, curve in (
+        ("gaussian", RDPCurve.gaussian(noise_multiplier=2.0)),
+        ("pure", RDPCurve.pure(epsilon=3.0)),
+        ("dpsgd", plan().curve()),
+    ):
+        p = lowest_partner(q, *constraint_orders(RDPCurve(curve.orders, curve.epsilons)))
+        finite = np.isfinite(curve.epsilons)
+        alphas, eps = curve.orders[finite], np.minimum.accumulate(curve.epsilons[finite][::-1])[::-1]
+        positive = np.nonzero(p > 0)[0]
+        checked = np.unique(np.r_[positive[:6], positive[np.linspace(0, positive.size - 1, 12).astype(int)]])
+        out[f"partner certified {name}"] = float(np.mean([_certified(q[i], p[i], alphas, eps) for i in checked]))
+    return out
+
+
+def _certified(q: float, p: float, alphas: np.ndarray, eps: np.ndarray) -> bool:
+    if not 0.0 <= p <= q:
+        return False
+    with mpmath.workdps(40):
+        q_, p_ = mpmath.mpf(q), mpmath.mpf(p)
+        for alpha, limit in zip(alphas, eps):
+            a = mpmath.mpf(alpha)
+            for hi, lo in ((q_, p_), (p_, q_)):
+                s = hi**a * lo ** (1 - a) + (1 - hi) ** a * (1 - lo) ** (1 - a)
+                if mpmath.log(s) / (a - 1) > mpmath.mpf(limit):
+                    return True
+    return False
+
+
 PROBES: dict[str, Probe] = {
     "curves": curves,
     "selection gaussian": selection("gaussian", lambda: RDPCurve.gaussian(noise_multiplier=3.0), True),
@@ -315,6 +353,7 @@ PROBES: dict[str, Probe] = {
     "selection dpsgd": selection("dpsgd", plan().curve, True),
     "selection pure": selection("pure", lambda: RDPCurve.pure(epsilon=0.4), True),
     "adaptive": adaptive,
+    "partner certificates": partner_certificates,
     "profiles": profiles,
     "accounts": accounts,
     "calibration": calibration,
