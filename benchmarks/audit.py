@@ -26,7 +26,7 @@ whatever the model, so a claim of ε = 8 can never be flagged by this audit).
 
 Usage::
 
-    .venv/bin/python benchmarks/audit.py            # 10 runs a row, ~10 min on 2 cores (quiet)
+    .venv/bin/python benchmarks/audit.py            # 10 runs a row, ~6 min on 2 cores (371 s, results/audit.md)
     .venv/bin/python benchmarks/audit.py --quick    # 3 runs a row, -quick files
 """
 
