@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -393,13 +393,26 @@ def halving_trainable(config):
 
     trial_id = tune.get_context().get_trial_id()
     side = config["side_file"]
-    order = len({line.split()[1] for line in Path(side).read_text().splitlines()}) if os.path.exists(side) else 0
+    order = start_order(side, trial_id)
     for time in range(1, MAX_T + 1):
-        side_log(side, f"unit {trial_id} {time}")
+        if time > 1:
+            side_log(side, f"unit {trial_id} {time}")
         if order == 1:
             raise RuntimeError("a trial that fails mid-segment")
         spent = TrialSpend(sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=20 * time)
         tune.report({"score": 1.0 - order / 100, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
+
+
+def start_order(side: str, trial_id: str) -> int:
+    """How many trials started before this one; logs its first unit. Under a lock: two trials start at once."""
+    from kill_driver import side_log
+
+    with open(side, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes
+        handle.seek(0)
+        order = len({line.split()[1] for line in handle.read().splitlines()})
+        side_log(side, f"unit {trial_id} 1")
+    return order
 
 
 def tune_halving(tmp_path, name, asha):
