@@ -501,6 +501,11 @@ def test_values_at_the_edges_are_the_limits_or_on_the_safe_side():
     expected = 2 * (math.log(50 * 100 * math.pi**2) - math.log(3 * 5e-324))
     assert expected <= vr.beta_t(10, 50, delta=5e-324) == pytest.approx(expected, rel=1e-11)
     assert vr.srinivas_c1(5e-324) == pytest.approx(8 / -math.log(5e-324), rel=1e-12)
+    # (α − 1)ε overflows at order 64: that order constrains nothing, and no overflow warning escapes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        selected = repeat_and_select(RDPCurve(ORDERS, [0.0, 0.0, 0.0, 3e306]), Poisson(3.0))
+    assert np.all(np.isfinite(selected.epsilons[:3])) and selected.epsilons[3] >= 3e306
     # a law whose first runs have underflowing probability is still sampled near its mean
     law = TruncatedNegativeBinomial.from_mean(1000.0, 1e5)
     assert 0.5e5 < law.sample(0) < 2e5

@@ -199,7 +199,8 @@ class _Constraints:
 
     def __init__(self, alphas: np.ndarray, epsilons: np.ndarray):
         alphas, epsilons = np.asarray(alphas, dtype=float), np.asarray(epsilons, dtype=float)
-        limits = (alphas - 1.0) * np.array([epsilons, CONSTRAINT_SLACK * (1.0 + epsilons)])
+        with np.errstate(over="ignore"):  # (α − 1)ε past 1e308: no constraint, dropped (a looser bound)
+            limits = (alphas - 1.0) * np.array([epsilons, CONSTRAINT_SLACK * (1.0 + epsilons)])
         keep = np.all(np.isfinite(limits), axis=0)
         keep[keep] = _binding(alphas[keep], limits[0, keep])
         alphas, c, slack = alphas[keep], limits[0, keep], limits[1, keep]
