@@ -179,10 +179,13 @@ def test_gamma_bound_from_points_matches_the_matrix_version():
     x = np.random.default_rng(2).random((1200, 2))  # above 1 000: columns computed on demand
     k = ig.kernel_matrix(x, x, kernel="rbf", lengthscale=0.1)
     by_points = ig.max_information_gain_bound_from_points(x, 6, 0.05, kernel="rbf", lengthscale=0.1)
-    assert by_points == pytest.approx(ig.max_information_gain_bound(k, 6, 0.05), rel=1e-12)
+    error = ig.kernel_entry_error(2)
+    assert by_points == pytest.approx(ig.max_information_gain_bound(k, 6, 0.05, entry_error=error), rel=1e-12)
     small = x[:50]
     assert ig.max_information_gain_bound_from_points(small, 4, 0.05, kernel="matern52", lengthscale=0.3) == (
-        ig.max_information_gain_bound(ig.kernel_matrix(small, small, kernel="matern52", lengthscale=0.3), 4, 0.05)
+        ig.max_information_gain_bound(
+            ig.kernel_matrix(small, small, kernel="matern52", lengthscale=0.3), 4, 0.05, entry_error=error
+        )
     )
 
 

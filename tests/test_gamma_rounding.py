@@ -1,0 +1,131 @@
+"""γ_T's bound is never below the truth through rounding: each piece against 40-digit mpmath.
+
+DP-BO's sensitivity (Kusner Theorem 3) takes an upper bound on γ_T; the bound is composed
+from ½ log det(I + K_S/σ²) and the posterior variances Var[f(λ) | y_S]. The cases are
+near-singular kernels (three tight clusters) with σ² down to 1e-12, where numpy's own
+log-determinant and posterior variance fall below the truth (asserted below, so that
+the cases keep their teeth); the bounds must stay above it and, where σ² is not tiny,
+within 1e-9 of it. The kernels themselves are checked against the exact kernel function.
+"""
+
+import itertools
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+from ray_dptune.accounting import information_gain as ig
+
+NOISES = (1e-2, 1e-6, 1e-9, 1e-12)
+LOOSENESS = {1e-2: 1e-11, 1e-6: 1e-8, 1e-9: 1e-5, 1e-12: 3e-3}
+"""How far above the exact log det its bound may be: the rounding allowance grows as 1/σ²."""
+CASES = [(seed, kernel) for seed in range(5) for kernel in ("rbf", "matern52")]
+
+
+def clustered_kernel(seed: int, kernel: str, n: int = 24) -> np.ndarray:
+    """n points in 3 clusters of width 1e-4 to 1e-1; + 1e-13·I makes the float matrix itself PSD."""
+    rng = np.random.default_rng(seed)
+    centres = rng.random((3, 2))
+    x = centres[rng.integers(0, 3, n)] + rng.normal(0, 10 ** rng.uniform(-4, -1), (n, 2))
+    return ig.kernel_matrix(x, x, kernel=kernel, lengthscale=0.3) + 1e-13 * np.eye(n)
+
+
+def exact(kernel: np.ndarray, chosen: list[int], noise: float) -> tuple[mp.mpf, list[mp.mpf]]:
+    """½ log det(I + K_S/σ²) and every Var[f(λ) | y_S], at 40 digits, the float entries taken as exact."""
+    with mp.workdps(40):
+        big = mp.matrix(kernel.tolist())
+        sigma2 = mp.mpf(noise)
+        block = mp.matrix(
+            [[big[p, q] + (sigma2 if a == b else 0) for b, q in enumerate(chosen)] for a, p in enumerate(chosen)]
+        )
+        information = mp.log(mp.det(block / sigma2)) / 2
+        inverse = block**-1
+        variances = []
+        for i in range(kernel.shape[0]):
+            column = mp.matrix([big[p, i] for p in chosen])
+            variances.append(big[i, i] - (column.T * inverse * column)[0])
+        return information, variances
+
+
+@pytest.fixture(scope="module")
+def truths():
+    """Each case's kernel, multiset S (10 draws, repeats allowed) and exact values, computed once."""
+    table = {}
+    for seed, kernel in CASES:
+        k = clustered_kernel(seed, kernel)
+        chosen = [int(p) for p in np.random.default_rng(100 + seed).integers(0, k.shape[0], 10)]
+        for noise in NOISES:
+            table[seed, kernel, noise] = (k, chosen, *exact(k, chosen, noise))
+    return table
+
+
+def test_the_cases_are_where_numpy_falls_below_the_truth(truths):
+    """numpy's log det (information_gain) and its posterior variance, with no rounding added, go below."""
+    low_information = low_variance = 0
+    for (_, _, noise), (k, chosen, information, variances) in truths.items():
+        low_information += ig.information_gain(k[np.ix_(chosen, chosen)], noise) < information
+        block = k[np.ix_(chosen, chosen)] + noise * np.eye(len(chosen))
+        plain = np.diag(k) - np.einsum("ij,ij->j", k[chosen, :], np.linalg.solve(block, k[chosen, :]))
+        low_variance += any(plain[i] < variances[i] for i in range(k.shape[0]))
+    assert low_information >= 5 and low_variance >= 10, (low_information, low_variance)
+
+
+def test_information_gain_upper_bound_is_above_the_exact_log_det(truths):
+    for (seed, kernel, noise), (k, chosen, information, _) in truths.items():
+        bound = ig.information_gain_upper_bound(k[np.ix_(chosen, chosen)], noise)
+        assert bound >= information, (seed, kernel, noise, bound, information)
+        assert bound <= information * (1 + LOOSENESS[noise]), (seed, kernel, noise, bound, information)
+
+
+def test_posterior_variance_upper_bound_is_above_the_exact_posterior(truths):
+    for (seed, kernel, noise), (k, chosen, _, variances) in truths.items():
+        bound = ig.posterior_variance_upper_bound(k, chosen, noise)
+        slack = [float(bound[i] - variances[i]) for i in range(k.shape[0])]
+        assert min(slack) >= 0, (seed, kernel, noise, min(slack))
+        if noise >= 1e-6:
+            assert max(slack) <= 1e-11, (seed, kernel, noise, max(slack))
+        assert np.all(bound <= np.diag(k))  # never above the prior variance, which bounds every posterior one
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "matern52"])
+def test_gamma_bound_is_above_the_exact_maximum_where_rounding_bites(kernel):
+    """8 clustered points, σ² = 1e-9, T = 2: every multiset's exact gain (40 digits) is below the bound."""
+    k = clustered_kernel(3, kernel, n=8)
+    best = max(exact(k, list(pair), 1e-9)[0] for pair in itertools.combinations_with_replacement(range(8), 2))
+    bound = ig.max_information_gain_bound(k, 2, 1e-9)
+    assert best <= bound <= 2 * best
+
+
+def test_refusals_name_the_input():
+    k = clustered_kernel(0, "rbf", n=4)
+    with pytest.raises(ValueError, match="symmetric"):
+        ig.max_information_gain_bound(k + np.triu(np.full((4, 4), 1e-12), 1), 2, 0.1)
+    with pytest.raises(ValueError, match="chosen"):
+        ig.posterior_variance_upper_bound(k, [4], 0.1)
+    with pytest.raises(ValueError, match="chosen"):
+        ig.posterior_variance_upper_bound(k, [], 0.1)
+    with pytest.raises(ValueError, match="entry_error"):
+        ig.max_information_gain_bound(k, 2, 0.1, entry_error=-1.0)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "matern52"])
+@pytest.mark.parametrize("dim", [1, 3, 8])
+@pytest.mark.parametrize("scale", [1e-200, 1e-3, 1.0, 1e3, 1e200])
+def test_kernel_entries_are_within_their_error_bound(kernel, dim, scale):
+    """kernel_matrix against the kernel evaluated at 40 digits on the same float inputs, at any scale."""
+    rng = np.random.default_rng(dim)
+    x = scale * rng.random((12, dim))
+    x[6:] = x[:6] + scale * 10 ** rng.uniform(-12, 0, (6, 1)) * rng.normal(size=(6, dim))  # close pairs too
+    lengthscale = scale * rng.uniform(0.05, 2.0)
+    computed = ig.kernel_matrix(x, x, kernel=kernel, lengthscale=lengthscale)
+    worst = 0.0
+    with mp.workdps(40):
+        for i, j in itertools.product(range(12), repeat=2):
+            r = mp.sqrt(mp.fsum((mp.mpf(a) - mp.mpf(b)) ** 2 for a, b in zip(x[i], x[j], strict=True))) / lengthscale
+            if kernel == "rbf":
+                value = mp.exp(-(r**2) / 2)
+            else:
+                z = mp.sqrt(5) * r
+                value = (1 + z + z**2 / 3) * mp.exp(-z)
+            worst = max(worst, abs(float(computed[i, j] - value)))
+    assert worst <= ig.kernel_entry_error(dim), (worst, ig.kernel_entry_error(dim))
