@@ -9,12 +9,14 @@ within 1e-9 of it. The kernels themselves are checked against the exact kernel f
 """
 
 import itertools
+import math
 
 import mpmath as mp
 import numpy as np
 import pytest
 
 from ray_dptune.accounting import information_gain as ig
+from ray_dptune.accounting import rounding
 
 NOISES = (1e-2, 1e-6, 1e-9, 1e-12)
 LOOSENESS = {1e-2: 1e-11, 1e-6: 1e-8, 1e-9: 1e-5, 1e-12: 3e-3}
@@ -96,6 +98,26 @@ def test_gamma_bound_is_above_the_exact_maximum_where_rounding_bites(kernel):
     assert best <= bound <= 2 * best
 
 
+def test_where_rounding_could_reach_sigma2_the_log_det_bound_gives_up_and_gamma_falls_back():
+    """σ² = 1e-14 is below the Cholesky's proven error (~1e-14): no log det bound, and γ_T's bound is the
+    one with S = ∅, (T/2) log(1 + max k(λ, λ)/σ²), nudged up by round_up's 1e-12."""
+    k = clustered_kernel(0, "rbf")
+    chosen = list(range(10))
+    assert ig.information_gain_upper_bound(k[np.ix_(chosen, chosen)], 1e-13) < math.inf
+    assert ig.information_gain_upper_bound(k[np.ix_(chosen, chosen)], 1e-14) == math.inf
+    empty_set = 2.5 * math.log1p(float(np.diag(k).max()) / 1e-14)
+    assert ig.max_information_gain_bound(k, 5, 1e-14) == pytest.approx(empty_set * (1 + 1e-12), rel=1e-15)
+
+
+def test_entry_error_is_the_bound_for_the_kernel_plus_2n_entry_error_on_its_diagonal():
+    """entry_error = e bounds γ_T for K + 2n·e·I (⪰ the exact kernel's matrix: ‖K − K_exact‖₂ ≤ n·e)."""
+    k = clustered_kernel(1, "matern52", n=12)
+    for rounds, noise in ((1, 0.1), (4, 0.01), (30, 1e-4)):
+        shifted = ig.max_information_gain_bound(k + 2 * 12 * 1e-3 * np.eye(12), rounds, noise)
+        assert ig.max_information_gain_bound(k, rounds, noise, entry_error=1e-3) == shifted
+        assert shifted > ig.max_information_gain_bound(k, rounds, noise)
+
+
 def test_refusals_name_the_input():
     k = clustered_kernel(0, "rbf", n=4)
     with pytest.raises(ValueError, match="symmetric"):
@@ -129,3 +151,20 @@ def test_kernel_entries_are_within_their_error_bound(kernel, dim, scale):
                 value = (1 + z + z**2 / 3) * mp.exp(-z)
             worst = max(worst, abs(float(computed[i, j] - value)))
     assert worst <= ig.kernel_entry_error(dim), (worst, ig.kernel_entry_error(dim))
+
+
+def test_gamma_and_upper_sum_cover_the_errors_they_state():
+    """γ_k ≥ ku/(1 − ku) (Higham Lemma 3.1), refused from ku ≥ ½; upper_sum covers 4u(|tᵢ| + 1) per term."""
+    u = rounding.UNIT_ROUNDOFF
+    with mp.workdps(40):
+        for k in (1, 2, 10, 1000, 10**6, 2**51):
+            exact_gamma = mp.mpf(k) * u / (1 - mp.mpf(k) * u)
+            assert exact_gamma <= rounding.gamma(k) <= exact_gamma * (1 + 1e-14)
+        with pytest.raises(ValueError, match="roundings"):
+            rounding.gamma(2**52)
+        rng = np.random.default_rng(0)
+        for size in (1, 10, 1000):
+            terms = rng.normal(size=size) * 10 ** rng.uniform(-5, 5, size)
+            exact_sum = mp.fsum(mp.mpf(t) for t in terms)
+            allowance = 4 * u * mp.fsum(abs(mp.mpf(t)) + 1 for t in terms)
+            assert rounding.upper_sum(terms) >= exact_sum + allowance
