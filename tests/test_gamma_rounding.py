@@ -110,12 +110,24 @@ def test_where_rounding_could_reach_sigma2_the_log_det_bound_gives_up_and_gamma_
 
 
 def test_entry_error_is_the_bound_for_the_kernel_plus_2n_entry_error_on_its_diagonal():
-    """entry_error = e bounds γ_T for K + 2n·e·I (⪰ the exact kernel's matrix: ‖K − K_exact‖₂ ≤ n·e)."""
+    """entry_error = e bounds γ_T for K + D, D ⪰ 2n·e·I (⪰ the exact kernel's matrix: ‖K − K_exact‖₂ ≤ n·e):
+    the diagonal k_ii + 2n·e one ulp up, so that rounding never shrinks D, even where 2n·e is below an ulp."""
     k = clustered_kernel(1, "matern52", n=12)
-    for rounds, noise in ((1, 0.1), (4, 0.01), (30, 1e-4)):
-        shifted = ig.max_information_gain_bound(k + 2 * 12 * 1e-3 * np.eye(12), rounds, noise)
-        assert ig.max_information_gain_bound(k, rounds, noise, entry_error=1e-3) == shifted
-        assert shifted > ig.max_information_gain_bound(k, rounds, noise)
+    for error in (1e-3, 1e-18):
+        shifted = k.copy()
+        np.fill_diagonal(shifted, np.nextafter(np.diag(k) + 2 * 12 * error, math.inf))
+        above = []
+        for rounds, noise in ((1, 0.1), (4, 0.01), (30, 1e-4)):
+            bound = ig.max_information_gain_bound(shifted, rounds, noise)
+            assert ig.max_information_gain_bound(k, rounds, noise, entry_error=error) == bound
+            above.append(bound > ig.max_information_gain_bound(k, rounds, noise))
+        assert all(above) if error == 1e-3 else any(above)  # one ulp of the diagonal shows at T = 30
+
+
+def test_a_noise_variance_too_small_for_any_finite_bound_is_refused_by_name():
+    x = np.random.default_rng(0).random((20, 2))
+    with pytest.raises(ValueError, match="noise_variance = 1e-320"):
+        ig.max_information_gain_bound_from_points(x, 5, 1e-320, kernel="rbf", lengthscale=0.2)
 
 
 def test_refusals_name_the_input():

@@ -148,10 +148,11 @@ def max_information_gain_bound(
     :func:`posterior_variance_upper_bound`), and the least is returned.
 
     Args:
-        kernel: (n, n) the symmetric kernel matrix of Λ.
+        kernel: (n, n) the symmetric kernel matrix of Λ: the exact PSD one, or within ``entry_error`` of it.
         num_rounds: T ≥ 1. noise_variance: σ² > 0.
         entry_error: a bound on each entry's distance from the exact PSD kernel's (0: ``kernel`` is
-            exact). The bound is computed for K + 2n·entry_error·I ⪰ K_exact (‖K − K_exact‖₂ ≤ n·entry_error).
+            exact). The bound is computed for K plus a diagonal ⪰ 2n·entry_error·I, hence ⪰ K_exact
+            (‖K − K_exact‖₂ ≤ n·entry_error).
     """
     k = _symmetric_kernel(kernel)
     return _gamma_bound(np.diag(k).copy(), lambda p: k[:, p], num_rounds, noise_variance, k, entry_error)
@@ -192,8 +193,8 @@ def _gamma_bound(
     rounds = validate.positive_int("num_rounds", num_rounds, maximum=MAX_ROUNDS)
     noise = validate.fixed_positive("noise_variance", noise_variance)
     error = validate.non_negative("entry_error", entry_error)
-    jitter = 2.0 * diag.size * error  # fl(k_ii + jitter) ≥ k_ii + n·error: M = K + jitter·I ⪰ K_exact
-    diag = diag + jitter
+    if error > 0:  # M = K + D with D ⪰ n·error·I ⪰ K_exact − K; one ulp up, so rounding cannot shrink D
+        diag = np.nextafter(diag + 2.0 * diag.size * error, math.inf)
 
     def row(p: int) -> np.ndarray:  # M's row (= column) of λ_p
         values = np.array(column(p), dtype=float)
@@ -208,8 +209,16 @@ def _gamma_bound(
             gain = 0.5 * math.log1p(float(_variance_upper(diag, rows, chosen, noise).max()) / noise)
             bounds.append(_log_det_half(rows[:, chosen], noise) + rounds * gain)
         if full is not None and diag.size <= 1000:
-            bounds.append(_log_det_half(rounds * (full + jitter * np.eye(diag.size)), noise))
-    return round_up(min(bounds))
+            shifted = full.copy()
+            np.fill_diagonal(shifted, diag)  # M
+            bounds.append(_log_det_half(rounds * shifted, noise))
+    bound = min(bounds)
+    if not math.isfinite(bound):
+        raise ValueError(
+            f"noise_variance = {noise} is so small that γ_T has no finite bound (k(λ, λ)/σ² overflows): "
+            "rescale the kernel."
+        )
+    return round_up(bound)
 
 
 def _least_online_greedy_prefix(
