@@ -6,8 +6,11 @@
 It connects to the Ray cluster at $RAY_ADDRESS (the tests' shared session). Each attempt of
 the trainable appends ``start <trial id>`` to SIDE_FILE (fsync'd) before it trains and
 ``done <trial id>`` when it ends. ``--interrupt-after N`` sends this driver a real SIGINT
-(Ctrl-C) once N trials are done; ``--restore`` continues the search with
-``tune.Tuner.restore``. It prints the accountant's lines and ``RESULT <json>`` at the end.
+(Ctrl-C) once N trials are done and another is held before its last report: a trial that
+would end after the N-th logs ``held <trial id>`` and waits for a gate file, which this driver
+opens once Tune has stopped (so every trial running at the interrupt is interrupted, however
+slow the machine). ``--restore`` continues the search with ``tune.Tuner.restore``. It prints
+the accountant's lines and ``RESULT <json>`` at the end.
 """
 
 from __future__ import annotations
@@ -35,24 +38,42 @@ def plan_for(sigma: float) -> TrialSpend:
 
 
 def slow_trainable(config):
-    """Four reports of 10 steps each, 0.5 s apart."""
+    """Four reports of 10 steps each, 0.5 s apart; held before the last while the gate is closed."""
     trial_id = tune.get_context().get_trial_id()
     side_log(config["side_file"], f"start {trial_id}")
     plan = plan_for(config["noise_multiplier"])
     for epoch in range(1, 5):
         time.sleep(0.5)
+        if epoch == 4:
+            hold(config, trial_id)
         spent = TrialSpend(sample_rate=SAMPLE_RATE, noise_multiplier=plan.noise_multiplier, steps=10 * epoch)
         tune.report({"score": config["x"] + 0.01 * epoch, "dp_plan": plan.to_dict(), "dp_spent": spent.to_dict()})
     side_log(config["side_file"], f"done {trial_id}")
 
 
+def gate_of(side_file: str) -> Path:
+    return Path(side_file + ".gate")
+
+
+def hold(config: dict, trial_id: str) -> None:
+    """Waits for the gate while ``interrupt_after`` trials are done: this trial is then running at the interrupt."""
+    if config.get("interrupt_after") is None:
+        return
+    gate = gate_of(config["side_file"])
+    if gate.exists() or Path(config["side_file"]).read_text().split().count("done") < config["interrupt_after"]:
+        return
+    side_log(config["side_file"], f"held {trial_id}")
+    while not gate.exists():
+        time.sleep(0.05)
+
+
 def interrupt_after(side_file: str, done: int) -> None:
-    """Sends this process SIGINT (what Ctrl-C does) once ``done`` trials have ended."""
+    """Sends this process SIGINT (what Ctrl-C does) once ``done`` trials have ended and another is held."""
 
     def watch():
         while True:
             lines = Path(side_file).read_text().split() if os.path.exists(side_file) else []
-            if lines.count("done") >= done:
+            if lines.count("done") >= done and "held" in lines:
                 os.kill(os.getpid(), signal.SIGINT)
                 return
             time.sleep(0.05)
@@ -78,7 +99,11 @@ def main() -> None:
     else:
         tuner = ray_dptune.private_tuner(
             slow_trainable,
-            param_space={"x": tune.uniform(0.0, 1.0), "side_file": args.side_file},
+            param_space={
+                "x": tune.uniform(0.0, 1.0),
+                "side_file": args.side_file,
+                "interrupt_after": args.interrupt_after,
+            },
             epsilon=args.epsilon,
             delta=DELTA,
             law=PointMass(args.k),
@@ -96,6 +121,7 @@ def main() -> None:
         outcome = {"error": None}
     except Exception as error:  # noqa: BLE001 - the test reads what the driver saw
         outcome = {"error": f"{type(error).__name__}: {error}"}
+    gate_of(args.side_file).touch()  # Tune has stopped: a restored search's trials run to their end
     print("RESULT " + json.dumps({**outcome, "path": path}), flush=True)
 
 

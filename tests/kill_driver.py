@@ -11,8 +11,12 @@ when it ends: what really ran, independently of anything the driver records.
 restorable experiment state: ``suggest`` (right after the searcher returned a config),
 ``start`` (after the accountant recorded the attempt, before the trial trains), ``result``
 (mid-report: after the accountant saw a result), ``step`` (the start of a controller step,
-right after Tune's throttled experiment checkpoint). ``--kill-after S`` kills it S seconds
-after this driver's first trial began training, wherever the driver is then. On a normal end it prints the report path.
+right after Tune's throttled experiment checkpoint, counted only once the journal holds an
+attempt: on a loaded machine the loop steps many times before the first trial starts).
+``--kill-after S`` kills it S seconds after this driver's first trial began training, wherever
+the driver is then. Before each kill the driver appends ``kill journal`` or ``kill none`` to
+SIDE_FILE: whether the journal held the search then (so whether a restore has an account to
+take over). On a normal end it prints the report path.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from ray_dptune import (
     TrialSpend,
     private_tune_config,
 )
+from ray_dptune.records.journal import JOURNAL_FILE
 
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 SPACE = {"x": tune.uniform(0.0, 1.0)}
@@ -84,19 +89,32 @@ def restorable(experiment: str) -> bool:
     return bool(glob.glob(os.path.join(experiment, "experiment_state-*.json")))
 
 
+def journaled(experiment: str) -> bool:
+    """Whether the search's journal exists: the accountant creates it with the first attempt it records."""
+    return os.path.exists(os.path.join(experiment, JOURNAL_FILE))
+
+
+def die(experiment: str) -> None:
+    """SIGKILLs this process, after noting in the side file whether the journal held the search."""
+    side_log(os.environ["SIDE_FILE"], "kill journal" if journaled(experiment) else "kill none")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def tick(event: str) -> None:
     """Counts ``event`` once the experiment is restorable; SIGKILLs this process at the chosen one.
 
     The plan lives in this process's environment, not in any object: Tune pickles the
     searcher and callbacks into the experiment, and a restored driver must not inherit them.
     """
-    wanted = os.environ.get("KILL_EVENT")
-    if event != wanted or not restorable(os.environ["KILL_EXPERIMENT"]):
+    experiment = os.environ["KILL_EXPERIMENT"]
+    if event != os.environ.get("KILL_EVENT") or not restorable(experiment):
+        return
+    if event == "step" and not journaled(experiment):
         return
     seen = int(os.environ.get("KILL_SEEN", "0")) + 1
     os.environ["KILL_SEEN"] = str(seen)
     if seen >= int(os.environ["KILL_AT"]):
-        os.kill(os.getpid(), signal.SIGKILL)
+        die(experiment)
 
 
 class KillingSearcher(RandomCountSearcher):
@@ -132,7 +150,7 @@ def kill_after(experiment: str, side_file: str, seconds: float) -> None:
     while not restorable(experiment) or _starts(side_file) <= begun:
         time.sleep(0.01)
     time.sleep(seconds)
-    os.kill(os.getpid(), signal.SIGKILL)
+    die(experiment)
 
 
 def _starts(side_file: str) -> int:

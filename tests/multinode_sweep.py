@@ -6,7 +6,12 @@ run on it one after the other, each into its own folder: ``calm`` (no failure),
 ``interrupt`` (the driver gets SIGINT once two trials have finished: Tune saves its
 state and returns, as when a user presses Ctrl-C; the experiment is then restored with
 ``tune.Tuner.restore`` on the same cluster and finished) and ``kill-node`` (the node of
-the first trial to start is removed mid-trial; last, since it takes a node away).
+the first trial to report is removed mid-trial; last, since it takes a node away).
+Each scenario waits on events, never on a machine's speed: in ``interrupt`` a trial that
+would end after the second one is held before its last report until the driver has been
+interrupted (so a trial is running at the SIGINT, however slow the machine); in
+``kill-node`` the first trial to report claims ``victim`` and waits there until its node
+is removed (so the node goes while that trial runs, after it touched the data).
 Prints one JSON line per scenario: its name, K, trials, per-trial attempts, the
 guarantee, and the node ids trials ran on.
 
@@ -36,35 +41,63 @@ EPOCHS = 4
 def trainable(config):
     """Four 'epochs' of 0.5 s; writes which node it runs on, so the driver can kill it."""
     marker_dir = Path(config["markers"])
+    scenario = marker_dir.parent
+    trial_id = tune.get_context().get_trial_id()
     node = ray.get_runtime_context().get_node_id()
-    (marker_dir / f"{tune.get_context().get_trial_id()}-{node}-{time.time_ns()}").touch()
+    (marker_dir / f"{trial_id}-{node}-{time.time_ns()}").touch()
     for epoch in range(1, EPOCHS + 1):
         time.sleep(0.5)
+        if epoch == EPOCHS and config["scenario"] == "interrupt" and len(list(marker_dir.glob("finished-*"))) >= 2:
+            wait_for(scenario / "gate", announce=scenario / f"held-{trial_id}")
         spent = TrialSpend(
             sample_rate=PLAN.sample_rate, noise_multiplier=PLAN.noise_multiplier, steps=PLAN.steps * epoch // EPOCHS
         )
         tune.report({"score": config["x"], "node": node, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
-    (marker_dir / f"finished-{tune.get_context().get_trial_id()}").touch()
+        if epoch == 1 and config["scenario"] == "kill-node" and claim(scenario / "victim", node):
+            wait_for(scenario / "killed")  # its node is removed meanwhile
+    (marker_dir / f"finished-{trial_id}").touch()
 
 
-def kill_first_busy_worker(cluster: Cluster, workers: list, markers: Path, done: threading.Event) -> None:
-    """Removes the node of the first trial that starts (once), while that trial runs."""
+def claim(path: Path, content: str) -> bool:
+    """Creates ``path`` holding ``content`` unless it exists (atomic across processes and nodes of one machine)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    os.write(fd, content.encode())
+    os.close(fd)
+    return True
+
+
+def wait_for(path: Path, *, announce: Path | None = None, timeout: float = 300.0) -> None:
+    """Touches ``announce`` (if given), then waits until ``path`` exists."""
+    if path.exists():
+        return
+    if announce is not None:
+        announce.touch()
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def kill_the_victim_s_node(cluster: Cluster, workers: list, scenario: Path, done: threading.Event) -> None:
+    """Removes the node of the trial that claimed ``victim`` (after its first report), while it waits there."""
     by_id = {worker.node_id: worker for worker in workers}
+    victim = scenario / "victim"
     while not done.is_set():
-        for marker in markers.iterdir():
-            node = marker.name.split("-")[1]
-            if node in by_id:
-                time.sleep(0.6)  # let the trial report once: it has touched the data
-                cluster.remove_node(by_id[node])
-                (markers.parent / "killed").write_text(node)
-                return
+        node = victim.read_text() if victim.exists() else ""
+        if node in by_id:
+            cluster.remove_node(by_id[node])
+            (scenario / "killed").write_text(node)
+            return
         time.sleep(0.05)
 
 
 def interrupt_after_two_trials(markers: Path, done: threading.Event) -> None:
-    """SIGINT to this driver once two trials have reported their last epoch."""
+    """SIGINT to this driver once two trials have reported their last epoch and a third is held before its last."""
+    scenario = markers.parent
     while not done.is_set():
-        if len(list(markers.glob("finished-*"))) >= 2:
+        if len(list(markers.glob("finished-*"))) >= 2 and list(scenario.glob("held-*")):
             os.kill(os.getpid(), signal.SIGINT)
             return
         time.sleep(0.05)
@@ -82,7 +115,7 @@ def sweep(cluster: Cluster, workers: list, out: Path, scenario: str) -> dict:
     callback = PrivacyAccountantCallback(searcher, delta=1e-5, plan=PLAN, verbose=False)
     tuner = tune.Tuner(
         trainable,
-        param_space={"x": tune.uniform(0, 1), "markers": str(markers)},
+        param_space={"x": tune.uniform(0, 1), "markers": str(markers), "scenario": scenario},
         tune_config=private_tune_config(searcher, max_concurrent_trials=3),
         run_config=tune.RunConfig(
             name="multinode",
@@ -94,11 +127,12 @@ def sweep(cluster: Cluster, workers: list, out: Path, scenario: str) -> dict:
     )
     done = threading.Event()
     if kill_node:
-        threading.Thread(target=kill_first_busy_worker, args=(cluster, workers, markers, done), daemon=True).start()
+        threading.Thread(target=kill_the_victim_s_node, args=(cluster, workers, out, done), daemon=True).start()
     if interrupt:
         threading.Thread(target=interrupt_after_two_trials, args=(markers, done), daemon=True).start()
     results = tuner.fit()
     done.set()
+    (out / "gate").touch()  # Tune has stopped: the restored trials run to their end
     interrupted = None
     if interrupt:  # what the first driver's own report says of the search it left
         with open(out / "storage" / "multinode" / "privacy_report.json") as file:

@@ -297,7 +297,8 @@ class PrivacyAccountantCallback(Callback):
 
     def get_state(self) -> dict[str, Any]:
         """Only where the account lives: the journal, not Tune's checkpoint, is the record."""
-        return {"search_id": self._search_id, "journal": None if self._journal is None else self._journal.path}
+        journal = self._journal_path if self._journal is None else self._journal.path
+        return {"search_id": self._search_id, "journal": journal}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._restored = True
