@@ -11,7 +11,8 @@ Each scenario waits on events, never on a machine's speed: in ``interrupt`` a tr
 would end after the second one is held before its last report until the driver has been
 interrupted (so a trial is running at the SIGINT, however slow the machine); in
 ``kill-node`` the first trial to report claims ``victim`` and waits there until its node
-is removed (so the node goes while that trial runs, after it touched the data).
+is removed (so the node goes while that trial runs, after it touched the data; Tune does not
+retry it: a random-count search allows no retry, so the trial ends as a failed run).
 Prints one JSON line per scenario: its name, K, trials, per-trial attempts, the
 guarantee, and the node ids trials ran on.
 
@@ -122,7 +123,6 @@ def sweep(cluster: Cluster, workers: list, out: Path, scenario: str) -> dict:
             storage_path=str(out / "storage"),
             callbacks=[callback],
             verbose=0,
-            failure_config=tune.FailureConfig(max_failures=3),
         ),
     )
     done = threading.Event()

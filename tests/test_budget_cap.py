@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 
 import pytest
 from kill_driver import side_log
@@ -122,43 +121,13 @@ def epsilon_with(charged: int, *, k: int, sigma: float) -> float:
 # ----------------------------------------------------------------------------- retries
 
 
-def test_a_retry_the_budget_cannot_pay_for_is_refused_and_the_search_is_not_released(tmp_path):
-    """max_failures=2 reserves 2 retries; 3 trials each crash once: the third retry is refused before it runs."""
-    built, side = tuner(tmp_path, crash_once, run_config={"failure_config": tune.FailureConfig(max_failures=2)})
-    sigma = built._local_tuner.param_space["noise_multiplier"]
-    results = built.fit()
-    report = read_report(results)
-    ran = starts(side)
-    assert len(ran) == 5  # 3 first attempts + 2 retries: the refused retry never started
-    assert report["guarantee"]["epsilon"] <= 4.0 and report["target"] == {"epsilon": 4.0, "delta": DELTA, "held": True}
-    assert report["guarantee"]["epsilon"] == pytest.approx(epsilon_with(2, k=3, sigma=sigma), rel=1e-9)
-    assert epsilon_with(3, k=3, sigma=sigma) > 4.0  # the refused retry would have crossed the budget
-    states = sorted(trial["state"] for trial in report["trials"].values())
-    assert states == ["completed", "completed", "refused"]
-    assert not report["complete"] and "retry was refused" in report["incomplete_reason"]
-    refused = [r for r in results if r.error is not None]  # Tune shows the crash; its error file says why no retry
-    assert len(refused) == 1 and "target_epsilon = 4" in Path(refused[0].path, "error.txt").read_text()
-    with pytest.raises(PrivacyError, match="incomplete"):
-        release_best(results)
-
-
-def test_reserved_retries_pay_for_every_crash_and_the_best_finished_trial_is_released(tmp_path):
-    built, side = tuner(
-        tmp_path, crash_once, retries=3, run_config={"failure_config": tune.FailureConfig(max_failures=1)}
-    )
-    sigma = built._local_tuner.param_space["noise_multiplier"]
-    assert epsilon_with(3, k=3, sigma=sigma) <= 4.0 < epsilon_with(3, k=3, sigma=sigma * 0.99)  # calibrated with them
-    results = built.fit()
-    report = read_report(results)
-    assert len(starts(side)) == 6 and report["complete"] and report["target"]["held"]
-    assert report["guarantee"]["charged_attempts"] == 3
-    live = [r.metrics["dp_search_epsilon"] for r in results]  # what Tune's loggers saw: the search's ε so far
-    assert all(0 < e <= report["guarantee"]["epsilon"] for e in live)
-    released = release_best(results)
-    assert released.state == "completed" and released.trial_id in report["trials"]
-    assert released.score == max(r.metrics["score"] for r in results)
-    assert read_report(results)["released_trial_id"] == released.trial_id
-    assert "ReleasedTrial(trial_id=" in repr(released)
+@pytest.mark.parametrize("max_failures", [1, -1])
+def test_tune_s_retries_are_refused_before_any_trial(tmp_path, max_failures):
+    """A retry reveals that the attempt before it failed, which the selection bound does not cover."""
+    with pytest.raises(PrivacyError, match="Leave max_failures at 0") as refusal:
+        tuner(tmp_path, crash_once, run_config={"failure_config": tune.FailureConfig(max_failures=max_failures)})
+    assert f"max_failures={max_failures}" in str(refusal.value)
+    assert not (tmp_path / "side.log").exists() and not (tmp_path / "search").exists()  # nothing ran or was written
 
 
 def test_failed_trials_are_never_released(tmp_path):

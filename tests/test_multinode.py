@@ -52,15 +52,13 @@ def test_sweep_across_nodes_runs_k_trials_with_the_selection_guarantee(without_f
     assert run["epsilon"] == pytest.approx((4 * PLAN.curve()).epsilon(delta=1e-5), rel=1e-12)
 
 
-def test_a_lost_node_retries_its_trial_elsewhere_and_costs_privacy(with_node_loss, without_failure):
+def test_a_lost_node_ends_its_trial_as_a_failed_run_at_no_extra_cost(with_node_loss, without_failure):
     run = with_node_loss
     assert run["killed"] is not None
-    assert run["num_trials"] == 4 and run["results"] == 4 and not run["errors"]
-    retried = [statuses for statuses in run["attempts"].values() if statuses != ["completed"]]
-    assert retried == [["failed", "completed"]]
-    assert run["killed"] not in run["nodes"]  # every final result came from a surviving node
-    assert run["epsilon"] > without_failure["epsilon"]
-    assert run["epsilon"] == pytest.approx((5 * PLAN.curve()).epsilon(delta=1e-5), rel=1e-12)
+    assert run["num_trials"] == 4 and run["results"] == 4 and len(run["errors"]) == 1
+    failed = [statuses for statuses in run["attempts"].values() if statuses != ["completed"]]
+    assert failed == [["failed"]]  # not retried: one of the K runs, with output "failed"
+    assert run["epsilon"] == pytest.approx(without_failure["epsilon"], rel=1e-12)
 
 
 def test_an_interrupted_driver_restores_with_the_same_k_and_no_rerun(sweeps):

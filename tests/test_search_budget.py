@@ -152,3 +152,36 @@ def test_unfinished_trials_are_counted_by_why_and_make_the_search_incomplete(acc
     assert budget(fresh).completeness(searcher=Finished(), violation=None) == (True, None)
     violation = PrivacyError("trial a spent past its plan")
     assert budget(fresh).completeness(searcher=Finished(), violation=violation) == (False, str(violation))
+
+
+def test_the_stated_guarantee_is_the_procedure_s_whatever_failed_or_was_re_run_within_the_reservation():
+    """Selection + reserved·plan before the search, after a failure and after a reserved re-run; past the
+    reservation the chain goes on (never below what was charged); the odometer is ``spent``."""
+    law = Poisson(mean=2.0)
+    account = SearchAccount(
+        SearchMechanism.random_count(law=law, num_trials=2), delta=DELTA, plan=PLAN.to_dict(), reserved_reruns=2
+    )
+    selection = repeat_and_select(PLAN.curve(), law)
+    procedure = (selection + 2 * PLAN.curve()).epsilon(delta=DELTA)
+    stated = [account.guarantee().epsilon]
+    run(account, "a", "failed")  # a failed trial: one of the K runs, output "failed"
+    stated.append(account.guarantee().epsilon)
+    account.apply({"type": "started", "trial_id": "b", "accounted": True})
+    account.restored()  # the driver died while b ran: its attempt is charged
+    run(account, "b")  # the restored driver re-runs it
+    stated.append(account.guarantee(if_stopped_now=True).epsilon)
+    assert stated == pytest.approx([procedure] * 3, rel=1e-12)
+    assert account.spent().epsilon == pytest.approx((selection + PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
+    assert account.spent().epsilon < procedure
+    for extra in ("c", "d"):  # two more re-runs: three charged, past the two reserved
+        account.apply({"type": "started", "trial_id": extra, "accounted": True})
+        account.restored()
+    three = (selection + 3 * PLAN.curve()).epsilon(delta=DELTA)
+    assert account.guarantee(if_stopped_now=True).epsilon == pytest.approx(three, rel=1e-12)
+    assert account.spent(if_stopped_now=True).epsilon == pytest.approx(three, rel=1e-12)
+
+
+def test_a_halving_search_reserves_nothing_by_attempts():
+    mechanism = SearchMechanism.halving(budget_units=3, max_t=3)
+    with pytest.raises(ValueError, match="budget of time units"):
+        SearchAccount(mechanism, delta=DELTA, plan=PLAN.to_dict(), reserved_reruns=1)

@@ -56,6 +56,13 @@ def run(tmp_path, searcher, trainable=fake_dp_trainable, name="search", failure=
     return tuner.fit(), callback
 
 
+def _keys(record) -> list:
+    """Every key of a nested JSON record."""
+    if isinstance(record, dict):
+        return [*record, *(key for value in record.values() for key in _keys(value))]
+    return [key for value in record for key in _keys(value)] if isinstance(record, list) else []
+
+
 def read_report(results):
     with open(os.path.join(results.experiment_path, REPORT_FILE)) as file:
         return json.load(file)
@@ -99,10 +106,25 @@ def test_report_and_release_of_the_best_trial_only(tmp_path):
     for trial in report["trials"].values():
         assert trial["attempts"][0]["spent"] == PLAN.to_dict()
 
+    assert next(iter(report)) == "operator_record" and "Keep it private" in report["operator_record"]
     scores = [r.metrics["score"] for r in results]
+    with pytest.raises(PrivacyError, match="selection rule is part of the mechanism"):
+        release_best(results, metric="score", mode="min")  # a rule chosen after seeing the results
     released = release_best(results, purge=True)
     assert released.score == max(scores)
     assert released.guarantee["epsilon"] == report["guarantee"]["epsilon"]
+    statement = released.statement
+    assert statement["guarantee"]["epsilon"] == report["guarantee"]["epsilon"]
+    assert statement["released"] == {"config": released.config, "score": max(scores), "metric": "score", "mode": "max"}
+    assert statement["procedure"]["mechanism"] == {
+        "kind": "random_count",
+        "params": {"law": {"law": "point_mass", "k": 4}, "density_ratio": 1.0},
+    }
+    published = json.dumps(statement)  # nothing about the other trials, their number or Tune's trial counter
+    assert all(trial_id not in published for trial_id in report["trials"])
+    assert not {"num_trials", "attempts", "charged_attempts", "spent_so_far", "state"} & set(_keys(statement))
+    with open(os.path.join(results.experiment_path, "public_statement.json")) as file:
+        assert json.load(file) == statement  # written beside the report, kept by the purge
     remaining = [
         d for d in os.listdir(results.experiment_path) if os.path.isdir(os.path.join(results.experiment_path, d))
     ]
@@ -110,30 +132,26 @@ def test_report_and_release_of_the_best_trial_only(tmp_path):
 
 
 @RAY
-def test_a_failed_attempt_is_composed_into_the_guarantee(tmp_path):
-    marker = tmp_path / "failed-once"
+def test_a_failed_trial_is_one_of_the_runs_and_a_retry_is_refused_before_any_trial(tmp_path):
+    started = tmp_path / "started"
 
-    def flaky(config):
-        fake_dp_trainable(config) if marker.exists() else None
-        if not marker.exists():
-            tune.report(
-                {
-                    "score": 0.0,
-                    "dp_plan": PLAN.to_dict(),
-                    "dp_spent": TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10).to_dict(),
-                }
-            )
-            marker.touch()
-            raise RuntimeError("simulated node loss")
+    def fails(config):
+        started.touch()
+        spent = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=10)
+        tune.report({"score": 0.0, "dp_plan": PLAN.to_dict(), "dp_spent": spent.to_dict()})
+        raise RuntimeError("fails after touching the data")
 
-    law = PointMass(1)
-    results, _ = run(tmp_path, RandomCountSearcher(law, metric="score", mode="max", seed=1), flaky, failure=1)
+    searcher = RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1)
+    with pytest.raises(Exception, match=r"FailureConfig\(max_failures=1\) lets Tune re-run a trial"):
+        run(tmp_path, searcher, fails, name="retried", failure=1)
+    assert not started.exists()  # refused in the accountant's setup, before any trial
+    searcher = RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1)
+    results, _ = run(tmp_path, searcher, fails, name="failed", plan=PLAN)
     report = read_report(results)
-    attempts = next(iter(report["trials"].values()))["attempts"]
-    assert [a["state"] for a in attempts] == ["failed", "completed"]
-    # the failed attempt may have spent up to its plan: composed on top of the selection bound
-    assert report["guarantee"]["epsilon"] == pytest.approx((2 * PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
-    assert report["guarantee"]["epsilon"] > PLAN.curve().epsilon(delta=DELTA)
+    assert [a["state"] for a in next(iter(report["trials"].values()))["attempts"]] == ["failed"]
+    # one run whose output is "failed": the selection bound over the plan, nothing composed on top
+    assert report["guarantee"]["charged_attempts"] == 0
+    assert report["guarantee"]["epsilon"] == pytest.approx(PLAN.curve().epsilon(delta=DELTA), rel=1e-9)
 
 
 @RAY
@@ -250,7 +268,7 @@ def test_sampling_is_uniform_over_the_space():
 
 @RAY
 def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
-    """A fit that ends with an errored trial, then Tuner.restore(resume_errored=True)."""
+    """A fit that ends with an errored trial; Tuner.restore re-runs nothing, and refuses to retry the failed one."""
     marker = tmp_path / "second-trial-failed"
     starts = tmp_path / "starts"
     starts.mkdir()
@@ -272,19 +290,24 @@ def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
     )
     first = tuner.fit()
     assert sorted(r.error is not None for r in first) == [False, False, True]
-    configs_before = sorted(r.config["x"] for r in first)
+    journal = tmp_path / "restore" / "privacy_journal.db"
+    journal.rename(tmp_path / "elsewhere.db")
+    with pytest.raises(Exception, match="journal .* is missing"):  # an empty account would under-count
+        tune.Tuner.restore(str(tmp_path / "restore"), breaks_once).fit()
+    (tmp_path / "elsewhere.db").rename(journal)
 
-    restored = tune.Tuner.restore(str(tmp_path / "restore"), breaks_once, resume_errored=True)
-    second = restored.fit()
-    assert sorted(r.config["x"] for r in second) == configs_before  # same K = 3, no new trial
-    assert all(r.error is None for r in second)
-    assert len(list(starts.iterdir())) == 4  # 3 first starts + 1 retry; finished trials not re-run
+    with pytest.raises(Exception, match="a failed run is final"):  # a retry of the failed trial, by restore
+        tune.Tuner.restore(str(tmp_path / "restore"), breaks_once, resume_errored=True).fit()
+    assert len(list(starts.iterdir())) == 3  # refused before it started
+    second = tune.Tuner.restore(str(tmp_path / "restore"), breaks_once).fit()
+    assert len(second) == 3  # same K = 3, no new trial
+    assert len(list(starts.iterdir())) == 3  # finished and failed trials are not re-run
     report = read_report(second)
-    assert report["num_trials_planned"] == 3 == report["num_trials_started"]
+    assert report["num_trials_planned"] == 3 == report["num_trials_started"] and report["complete"]
     states = sorted(tuple(a["state"] for a in t["attempts"]) for t in report["trials"].values())
-    assert states == [("completed",), ("completed",), ("failed", "completed")]
-    expected = (3 * PLAN.curve() + PLAN.curve()).epsilon(delta=DELTA)  # selection (k=3) + the failed attempt
-    assert report["guarantee"]["epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert states == [("completed",), ("completed",), ("failed",)]
+    # the failed run is one of the K = 3: the selection bound alone (a point mass: 3 runs composed)
+    assert report["guarantee"]["epsilon"] == pytest.approx((3 * PLAN.curve()).epsilon(delta=DELTA), rel=1e-12)
 
 
 @RAY

@@ -21,6 +21,13 @@ charges live attempts too: the durable worst case a ledger keeps. An attempt tha
 spending past the plan is bounded as it ran: for every attempt, the plan gives way to a
 curve both satisfy (:func:`ray_dptune.accounting.spend.covering_curve`).
 
+**The stated guarantee is the procedure's.** A search may reserve ``reserved_reruns``
+attempts (re-runs after interruptions) before it starts; its guarantee is then
+selection + max(reserved, charged)·plan: the same number before the search and after
+it, whatever failed, until more attempts are charged than were reserved (then the
+chain below goes on: the account never states less than what it charged). What was
+charged is the operator's odometer (:meth:`SearchAccount.spent`), never the statement.
+
 **A budget.** Each charged attempt adds the same plan curve, so the possible
 guarantees form a chain: selection + n·plan. A search with a target admits an event
 only when :meth:`SearchAccount.guarantee_after` stays within it, i.e. n never passes a
@@ -39,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray_dptune import validate
 from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.halving_budget import HalvingBudget
 from ray_dptune.accounting.rdp import RDPCurve
@@ -90,10 +98,18 @@ class SearchAccount:
             or None until the first trial reports it.
         generic: also use the certified numeric P&S Lemma 7 bound for random-count searches (default:
             the tightest bound; False keeps the closed forms alone).
+        reserved_reruns: attempts the procedure may charge beyond its bound's cover (re-runs after
+            interruptions), part of the stated guarantee from the start.
     """
 
     def __init__(
-        self, mechanism: SearchMechanism, *, delta: float, plan: Mapping[str, Any] | None = None, generic: bool = True
+        self,
+        mechanism: SearchMechanism,
+        *,
+        delta: float,
+        plan: Mapping[str, Any] | None = None,
+        generic: bool = True,
+        reserved_reruns: int = 0,
     ):
         if not 0.0 < float(delta) < 1.0:
             raise ValueError(f"delta must lie strictly between 0 and 1, got {delta}.")
@@ -102,8 +118,11 @@ class SearchAccount:
                 f"The searcher releases at δ = {mechanism.params['delta']:g}, above this search's δ = {float(delta):g}: "
                 "lower the searcher's δ or raise the search's."
             )
+        if reserved_reruns and mechanism.kind == "halving":
+            raise ValueError("A halving search pays for every attempt from its budget of time units, not by attempts.")
         self.mechanism = mechanism
         self.delta = float(delta)
+        self.reserved_reruns = validate.integer("reserved_reruns", reserved_reruns, minimum=0)
         self.generic = bool(generic)
         self.plan: dict[str, Any] | None = None
         self.trials: dict[str, _Trial] = {}
@@ -239,19 +258,32 @@ class SearchAccount:
         return self._attempts - min(self.mechanism.cover_cap, covered)
 
     def guarantee(self, *, if_stopped_now: bool = False, extra_charges: int = 0) -> Guarantee:
-        """The whole search's (ε, δ): the mechanism's bound plus every charged attempt at its plan.
+        """The whole search's stated (ε, δ): the mechanism's bound plus max(reserved, charged) attempts at the plan.
 
         Args:
             if_stopped_now: charge live attempts too (the durable worst case).
             extra_charges: that many more attempts composed at the plan (headroom for retries).
         """
+        charged = self._charged(if_stopped_now=if_stopped_now, extra_charges=extra_charges)
+        return self._guarantee(max(charged, self.reserved_reruns), charged)
+
+    def spent(self, *, if_stopped_now: bool = False) -> Guarantee:
+        """What the attempts charged so far compose to: the operator's odometer, at most the stated guarantee."""
+        charged = self._charged(if_stopped_now=if_stopped_now, extra_charges=0)
+        return self._guarantee(charged, charged)
+
+    def _charged(self, *, if_stopped_now: bool, extra_charges: int) -> int:
         if extra_charges < 0:
             raise ValueError(f"extra_charges must be >= 0, got {extra_charges}.")
         if extra_charges and self.mechanism.kind == "halving":
             raise ValueError("A halving search pays for every attempt from its budget of time units, not by attempts.")
-        charged = self.charged_attempts(if_stopped_now=if_stopped_now) + extra_charges
+        return self.charged_attempts(if_stopped_now=if_stopped_now) + extra_charges
+
+    def _guarantee(self, composed: int, charged: int) -> Guarantee:
+        """The mechanism's bound with ``composed`` attempts at the plan on top; ``charged`` of them happened."""
         key: tuple[Any, ...] = (
             "guarantee",
+            composed,
             charged,
             self.selections,
             len(self.releases),
@@ -261,7 +293,7 @@ class SearchAccount:
         key += (json.dumps(list(self.beyond_plan.values()), sort_keys=True),)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._compute(charged)
+            cached = self._cache[key] = self._compute(composed, charged)
         return cached
 
     def guarantee_after(self, event: Mapping[str, Any]) -> Guarantee:
@@ -318,7 +350,7 @@ class SearchAccount:
         return trial_id in self.trials and self.trials[trial_id].accounted
 
     # ------------------------------------------------------------------ internals
-    def _compute(self, charged: int) -> Guarantee:
+    def _compute(self, composed: int, charged: int) -> Guarantee:
         mechanism = self.mechanism
         if mechanism.kind == "release":
             count = max(1, len(self.releases))  # charged from the start; each further release composes
@@ -333,7 +365,7 @@ class SearchAccount:
         if self.plan is None:
             return Guarantee(None, self.delta, None, charged, reason="no trial has reported its plan yet")
         plan_curve, selection = self._selection()
-        total = selection + charged * plan_curve if charged else selection
+        total = selection + composed * plan_curve if composed else selection
         adaptivity = None
         if mechanism.kind == "random_count" and mechanism.params["density_ratio"] > 1.0:
             law = mechanism.law

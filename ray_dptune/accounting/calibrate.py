@@ -70,8 +70,10 @@ def calibrate_noise_multiplier(
     the target (as Opacus's ``get_noise_multiplier`` does for one run).
 
     ``retries`` reserves headroom: the search with that many more attempts composed at
-    the plan (Tune's retries of failed trials, re-runs after an interrupted driver) still
-    meets the target, so a search with a hard cap can pay for them.
+    the plan (re-runs after an interrupted driver or a preempted node; Tune's retries of
+    failed trials in a search whose bound composes every attempt — a random-count search
+    allows none, see ``SearchMechanism.allows_retries``) still meets the target, so a
+    search with a hard cap can pay for them.
 
     Raises:
         PrivacyError: no σ up to MAX_NOISE_MULTIPLIER meets the target (e.g. the score

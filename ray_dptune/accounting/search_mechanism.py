@@ -23,6 +23,8 @@ from ray_dptune.accounting.svt import svt_curve
 __all__ = ["MECHANISM_KINDS", "SearchMechanism"]
 
 MECHANISM_KINDS = ("random_count", "constant_overhead", "release", "composition", "halving")
+_DRAWN = frozenset({"num_trials", "num_brackets"})
+"""Parameters drawn from a law before the search: the operator's, never in a public statement."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,22 @@ class SearchMechanism:
         return 1 if self.kind == "constant_overhead" else 0
 
     @property
+    def allows_retries(self) -> bool:
+        """Whether Tune may re-run a trial that failed (``FailureConfig(max_failures > 0)``).
+
+        Not under a random count's selection bound (P&S Thms 2/6, Lemma 7; DP-HyPO Thm 1): it
+        covers the best of K runs with K hidden, each run one draw of the base. A retry is decided
+        by the failure of the attempt it replaces, so the runs that stand as trials' last attempts
+        are the base *conditioned on not failing*, and the retries are a statistic of all K runs
+        (P&S App. D.1: with such a statistic known, best-of-k costs up to k-fold): exact
+        enumeration finds the released output's ε above the bound (tests/test_exact_audit.py). A
+        failure without a retry is covered: the run's output is "failed", ranked last. The other
+        kinds bound every attempt outside their cover by adaptive composition (Mironov 2017,
+        Prop. 1), which covers the failure a retry reveals.
+        """
+        return self.kind != "random_count"
+
+    @property
     def law(self) -> RunCountDistribution | None:
         return distribution_from_dict(self.params["law"]) if self.kind == "random_count" else None
 
@@ -123,6 +141,17 @@ class SearchMechanism:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "params": json.loads(json.dumps(dict(self.params)))}
+
+    def public_definition(self) -> dict[str, Any]:
+        """The mechanism as it may be published: its record without the draws the bound keeps hidden.
+
+        The selection bounds cover the best run with the number of runs hidden (P&S 2022, App. D.1:
+        with K known, best-of-k costs up to k-fold), so K (``num_trials``) and the number of halving
+        brackets (``num_brackets``) are the operator's; the law they were drawn from is public.
+        """
+        record = self.to_dict()
+        record["params"] = {k: v for k, v in record["params"].items() if k not in _DRAWN}
+        return record
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> SearchMechanism:

@@ -83,8 +83,9 @@ def add_parser(subparsers: Any) -> None:
         type=non_negative_count,
         default=0,
         metavar="R",
-        help="re-run attempts to reserve headroom for (Tune's retries of failed trials), each composed at the "
-        "trial's plan (default: 0).",
+        help="re-runs to reserve headroom for (of trials interrupted by Ctrl-C, a dead driver or a preempted "
+        "node, on Tuner.restore), each composed at the trial's plan (default: 0). A random-count search allows "
+        "no retry of a failed trial: a failed trial is one of its runs.",
     )
 
     trial = calibrate.add_argument_group(

@@ -108,6 +108,7 @@ class SearchJournal:
             delta=record["delta"],
             plan=record.get("plan"),
             generic=generic,
+            reserved_reruns=record.get("reserved_reruns", 0),
         )
         for event in self.events():
             account.apply(event)

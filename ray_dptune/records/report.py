@@ -11,6 +11,7 @@ from importlib import metadata
 from typing import Any
 
 from ray_dptune.errors import PrivacyError
+from ray_dptune.records.statement import OPERATOR_RECORD
 
 __all__ = [
     "REPORT_FILE",
@@ -89,7 +90,8 @@ class PrivacyReport:
     schema_version: int = REPORT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The record, first saying whose it is (``operator_record``: it is not to be published)."""
+        return {"operator_record": OPERATOR_RECORD, **dataclasses.asdict(self)}
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> PrivacyReport:

@@ -25,6 +25,7 @@ from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of, refuse_truncation
 from ray_dptune.tune.guard import (
     DATA_INDEPENDENT_STOP_KEYS,
+    check_retries,
     check_scheduler,
     check_stop,
     end_trial_in_error,
@@ -56,7 +57,8 @@ class PrivacyAccountantCallback(Callback):
     grants, a searcher's selection) is admitted only while the guarantee after it stays
     within the target, before it is journaled. A retry that does not fit ends its trial in
     ERROR with :class:`~ray_dptune.errors.BudgetExceededError`; a start that does not fit
-    ends the search. A failed trial that is not retried costs nothing more. A spend past
+    ends the search. A failed trial costs nothing more; a random-count search refuses Tune's
+    retries of failed trials before any trial (:func:`~ray_dptune.tune.guard.check_retries`). A spend past
     the plan has run: it is charged as it ran and the search is stopped. A search that ends
     before each of its trials ran to its end (Ctrl-C, ``time_budget_s``, a killed driver, a
     refused retry) is recorded as incomplete, and ``release_best`` refuses it.
@@ -88,6 +90,9 @@ class PrivacyAccountantCallback(Callback):
         verbose: print a line each time the guarantee or the count of finished trials changes.
         audit: a canary audit's :meth:`~ray_dptune.training.CanaryAudit.journal_record`, journaled
             with the search before any trial; the report gets it without the secret.
+        reserved_reruns: re-runs of interrupted trials the procedure reserves: the stated guarantee
+            includes them from the start, so it is the same number whatever the run met
+            (what was charged is ``guarantee()["spent_so_far"]``).
     """
 
     def __init__(
@@ -104,6 +109,7 @@ class PrivacyAccountantCallback(Callback):
         dataset: str | None = None,
         verbose: bool = True,
         audit: Mapping[str, Any] | None = None,
+        reserved_reruns: int = 0,
     ):
         searcher = private_searcher_of(searcher)
         if (ledger is None) != (dataset is None):
@@ -120,7 +126,11 @@ class PrivacyAccountantCallback(Callback):
                 )
         self._searcher = searcher  # read for metric, mode and its details, which change as it runs
         self._account = SearchAccount(
-            searcher.privacy_mechanism(), delta=delta, plan=_plan_record(plan), generic=generic
+            searcher.privacy_mechanism(),
+            delta=delta,
+            plan=_plan_record(plan),
+            generic=generic,
+            reserved_reruns=reserved_reruns,
         )
         self._search_id = uuid.uuid4().hex
         self._budget = SearchBudget(
@@ -161,7 +171,14 @@ class PrivacyAccountantCallback(Callback):
         dataset_epsilon = (
             None if self._ledger is None else self._ledger.dataset_epsilon(guarantee, delta=self._account.delta)
         )
-        return {**described, **guarantee.to_dict(), "epsilon_dataset": dataset_epsilon}
+        spent = self._account.spent(if_stopped_now=if_stopped_now)
+        return {
+            **described,
+            **guarantee.to_dict(),
+            "epsilon_dataset": dataset_epsilon,
+            "reserved_reruns": self._account.reserved_reruns,
+            "spent_so_far": {"epsilon": spent.epsilon, "charged_attempts": spent.charged_attempts},
+        }
 
     @property
     def account(self) -> SearchAccount:
@@ -187,14 +204,27 @@ class PrivacyAccountantCallback(Callback):
                     "DP searcher (or the ConcurrencyLimiter around it) as search_alg."
                 )
             self._stop = getattr(controller, "_stopper", None)  # Tune keeps a Stopper object only there
+            experiment = getattr(controller.search_alg, "_experiment", None)  # the spec Tune builds trials from
+            if experiment is not None:
+                check_retries(experiment.spec.get("max_failures", 0), self._searcher)
         check_stop(info.get("stop"))
         check_stop(self._stop)
         self._stop = info.get("stop") or self._stop
         self._started_at = self._started_at or time.time()
         if not self._restored:  # a restored experiment's spec no longer carries the user's num_samples
             refuse_truncation(info.get("num_samples"), self._searcher.num_trials)
+        if self._restored and self._journal_path is not None and not os.path.exists(self._journal_path):
+            raise PrivacyError(
+                f"This search's journal {self._journal_path} is missing: the account of what its earlier drivers ran "
+                "cannot be rebuilt, and a restore would start from an empty one and under-count. Put the journal "
+                "back (the SQLite file and its -wal file) or start a new search."
+            )
         if self._journal_path is not None and (self._restored or os.path.exists(self._journal_path)):
             self._open_journal(self._journal_path)
+        if controller is not None and self._restored:  # Tune re-queued them before this hook: refuse before any runs
+            for trial in controller.get_trials():
+                if trial.status == "PENDING":
+                    self._refuse_rerun_of_a_failed_run(trial.trial_id)
         if self._ledger is not None:
             self._ledger.check_dataset()
             self._update_ledger(force=True)
@@ -207,6 +237,8 @@ class PrivacyAccountantCallback(Callback):
             location = self._journal_path or journal_location(trial)
             if location is not None:
                 self._open_journal(location)
+        check_retries(getattr(trial, "max_failures", 0), self._searcher)  # before the attempt is recorded
+        self._refuse_rerun_of_a_failed_run(trial.trial_id)
         self._configs[trial.trial_id] = _jsonable(trial.config)
         accounted = bool(self._searcher.accounts_trial(trial.config))
         # Refused (BudgetExceededError) before it is journaled: Tune then ends the search before this attempt
@@ -330,6 +362,23 @@ class PrivacyAccountantCallback(Callback):
             audit=None if self._audit is None else {k: v for k, v in self._audit.items() if k != "secret"},
         )
 
+    def _refuse_rerun_of_a_failed_run(self, trial_id: str) -> None:
+        """A failed run is final where retries are not allowed: ``Tuner.restore(resume_errored=True)`` would retry it.
+
+        A re-run Tune granted itself (a preempted node, with ``max_failures=0``) was charged in
+        :meth:`on_trial_recover` and is flagged ``retry``; an interrupted attempt is re-run as usual.
+        """
+        record = self._account.trials.get(trial_id)
+        if record is None or not record.attempts or self._account.mechanism.allows_retries:
+            return
+        last = record.attempts[-1]
+        if last["state"] == "failed" and not last.get("retry"):
+            raise PrivacyError(
+                f"Trial {trial_id} failed, and in a random-count search a failed run is final (one of the K runs, "
+                "output 'failed'): re-running it would be a retry decided by its failure, which the selection bound "
+                "does not cover. Restore with resume_errored=False (the default); the search is complete as it is."
+            )
+
     # ------------------------------------------------------------------ the journal
     def _record(self, event: dict[str, Any]) -> None:
         """Write-ahead: the event is admitted, reaches the journal (synced when it adds cost), then the account."""
@@ -360,6 +409,7 @@ class PrivacyAccountantCallback(Callback):
             "searcher": type(self._searcher).__name__,
             "dataset": self._dataset,
             "target_epsilon": self._budget.target_epsilon,
+            "reserved_reruns": self._account.reserved_reruns,
             "audit": self._audit,
         }
 

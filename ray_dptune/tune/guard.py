@@ -17,6 +17,7 @@ from ray_dptune.tune.private_asha import PrivateASHAScheduler
 __all__ = [
     "DATA_INDEPENDENT_STOP_KEYS",
     "PrivacyGuardScheduler",
+    "check_retries",
     "check_scheduler",
     "check_stop",
     "end_trial_in_error",
@@ -78,6 +79,28 @@ def _nested(result: dict, key: str) -> Any:
     prefix = f"{key}/"
     fields = {name[len(prefix) :]: value for name, value in result.items() if name.startswith(prefix)}
     return fields or None
+
+
+def check_retries(max_failures: int, searcher: Any) -> None:
+    """Raises PrivacyError when Tune would re-run a failed trial of a search whose bound does not allow it.
+
+    See :attr:`~ray_dptune.accounting.search_mechanism.SearchMechanism.allows_retries`. Re-runs after an
+    interrupted driver (``Tuner.restore``) and after a preempted node are not failures of the trial: they
+    are charged at the plan, under the threat model's assumption that the interruption does not depend on
+    the data.
+    """
+    searcher = private_searcher_of(searcher)
+    if not max_failures or searcher.privacy_mechanism().allows_retries:
+        return
+    runs = "any number of" if max_failures < 0 else f"up to {max_failures + 1}"
+    raise PrivacyError(
+        f"FailureConfig(max_failures={max_failures}) lets Tune re-run a trial that failed ({runs} runs a trial), "
+        f"which {type(searcher).__name__}'s bound does not cover: a retry reveals that the attempt before it failed "
+        "and, by its absence, that the others did not, while the random-count selection bound covers the best of K "
+        "runs with nothing else known about them (with retries, a trial is in the worst case max_failures + 1 runs "
+        "inside the selection). Leave max_failures at 0: a failed trial is then one of the K runs, with output "
+        "'failed', ranked last and never released, at no extra cost."
+    )
 
 
 def check_scheduler(scheduler: Any, searcher: Any = None) -> None:

@@ -13,6 +13,7 @@ from ray_dptune.audit.result import released_audit
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.journal import JOURNAL_FILE
 from ray_dptune.records.report import REPORT_FILE, read_report, write_report
+from ray_dptune.records.statement import STATEMENT_FILE, public_statement, write_statement
 from ray_dptune.result_keys import AUDIT_KEY
 
 __all__ = ["ReleasedTrial", "release_best"]
@@ -21,7 +22,7 @@ __all__ = ["ReleasedTrial", "release_best"]
 # privacy record, which holds no score: the report and the search's journal with SQLite's
 # sidecar files.
 _SQLITE_SIDECARS = ("", "-wal", "-shm", "-journal")
-_PRIVACY_RECORD = frozenset({REPORT_FILE, *(JOURNAL_FILE + suffix for suffix in _SQLITE_SIDECARS)})
+_PRIVACY_RECORD = frozenset({REPORT_FILE, STATEMENT_FILE, *(JOURNAL_FILE + suffix for suffix in _SQLITE_SIDECARS)})
 
 
 @dataclass(frozen=True, repr=False)
@@ -32,9 +33,13 @@ class ReleasedTrial:
         config: its hyperparameters.
         score: its final reported score (the selection metric).
         checkpoint_path: its last checkpoint, or None.
-        guarantee: the whole search's (ε, δ) and what it covers, from the privacy report.
-        trial_id: the released trial's id (None when the searcher released its own output or K = 0).
+        guarantee: the whole search's (ε, δ) and how it is made up, from the privacy report: the
+            operator's (it counts attempts), not to be published.
+        trial_id: the released trial's id (None when the searcher released its own output or K = 0):
+            Tune's trial counter, the operator's.
         state: the released trial's final state in the privacy report ("completed").
+        statement: what may be published beside the model (:func:`~ray_dptune.records.statement.public_statement`,
+            also written to ``public_statement.json``): no K, attempt count, trial state or trial id.
     """
 
     config: dict[str, Any]
@@ -43,6 +48,7 @@ class ReleasedTrial:
     guarantee: dict[str, Any]
     trial_id: str | None = None
     state: str | None = None
+    statement: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         """The guarantee as its (ε, δ) only: its RDP curve (hundreds of orders) stays in ``guarantee``."""
@@ -80,8 +86,8 @@ def release_best(
     Args:
         results_or_path: a ``ResultGrid`` from ``Tuner.fit()``, ``tune.run``'s ``ExperimentAnalysis``, or
             an experiment folder.
-        metric: selection metric (default: the one the search was tuned on).
-        mode: "max" or "min" (default: the search's).
+        metric: selection metric: the one the search was tuned on (another is refused).
+        mode: "max" or "min": the search's (another is refused).
         purge: leave only what the guarantee covers in the experiment folder: the
             released trial's own folder (none when the searcher released its own output)
             and the privacy record (``privacy_report.json``, ``privacy_journal.db`` and its
@@ -134,12 +140,17 @@ def release_best(
                 f"{report.get('searcher')} releases its own output when the search ends, and this search did not "
                 "finish: nothing may be released (its trials' raw scores are not private)."
             )
-        released, keep = ReleasedTrial(details["release"]["config"], details["release"]["score"], None, guarantee), None
+        config, score = details["release"]["config"], details["release"]["score"]
+        statement = public_statement(report, config=config, score=score)
+        released, keep = ReleasedTrial(config, score, None, guarantee, statement=statement), None
     else:
         best, score = _released_trial(trials, report, details, metric, mode)
         trial_id = _trial_id(best)
         state = (report["trials"].get(trial_id) or {}).get("state")
-        released = ReleasedTrial(dict(best.config), score, _checkpoint_path(best), guarantee, trial_id, state)
+        statement = public_statement(report, config=dict(best.config), score=score)
+        released = ReleasedTrial(
+            dict(best.config), score, _checkpoint_path(best), guarantee, trial_id, state, statement=statement
+        )
         keep = _trial_path(best)
         if written.released_trial_id not in (None, trial_id):
             raise PrivacyError(
@@ -155,6 +166,7 @@ def release_best(
                 delta=report["guarantee"]["delta"],
             )
         write_report(filesystem, report_path, dataclasses.replace(written, released_trial_id=trial_id, audit=audit))
+    write_statement(filesystem, f"{experiment_path}/{STATEMENT_FILE}", released.statement or {})
     if purge:
         _purge(filesystem, experiment_path, keep, trials, report)
     return released
@@ -235,8 +247,14 @@ def _refuse_unreleasable(report: dict[str, Any], experiment_path: str) -> None:
 def _released_trial(
     trials: list, report: dict[str, Any], details: dict[str, Any], metric: str | None, mode: str | None
 ) -> tuple[Any, float | None]:
-    """The trial the searcher names as its output, or else the best by ``metric``."""
-    metric, mode = metric or report.get("metric"), mode or report.get("mode")
+    """The trial the searcher names as its output, or else the best by the search's own ``metric`` and ``mode``."""
+    for name, given in (("metric", metric), ("mode", mode)):
+        if given is not None and given != report.get(name):
+            raise PrivacyError(
+                f"{name}={given!r} is not the search's {name} ({report.get(name)!r}): the selection rule is part of "
+                "the mechanism, fixed when the search starts; one chosen after seeing the results is not covered."
+            )
+    metric, mode = report.get("metric"), report.get("mode")
     if "released_trial_id" in details:
         named = [trial for trial in trials if _trial_id(trial) == details["released_trial_id"]]
         if not named:
@@ -250,7 +268,10 @@ def _released_trial(
         score = _last_metrics(named[0]).get(metric) if metric else None
         return named[0], None if score is None else float(score)
     if metric is None or mode not in ("max", "min"):
-        raise ValueError("Give metric= and mode='max'|'min': the search did not record them.")
+        raise PrivacyError(
+            "The search recorded no selection rule (metric and mode): one chosen after seeing the results is not "
+            "covered by the guarantee. Give metric= and mode= to the searcher or TuneConfig before the search."
+        )
     ended = {trial_id for trial_id, record in report["trials"].items() if record.get("state") == "completed"}
     candidates = [(_last_metrics(trial).get(metric), trial) for trial in trials if _trial_id(trial) in ended]
     candidates = [(s, trial) for s, trial in candidates if isinstance(s, (int, float)) and math.isfinite(s)]

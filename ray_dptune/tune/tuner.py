@@ -17,7 +17,7 @@ from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
 from ray_dptune.tune.accountant import PrivacyAccountantCallback
-from ray_dptune.tune.guard import check_stop, private_tune_config
+from ray_dptune.tune.guard import check_retries, check_stop, private_tune_config
 
 if TYPE_CHECKING:
     from ray_dptune.training.canaries import CanaryAudit
@@ -58,11 +58,13 @@ def private_tuner(
     the FIFO guard.
 
     The budget holds under every fault the search controls: no attempt starts whose charge
-    would cross it. A failed trial that is not retried costs nothing more; a retry (Tune's
-    ``FailureConfig(max_failures)``, or a re-run of an interrupted trial on
-    ``Tuner.restore``) costs one more run composed at the plan, so σ is calibrated with
-    ``retries`` of them reserved, and a retry beyond them is refused (its trial ends in
-    ERROR). A search that does not finish is incomplete and is not released.
+    would cross it. A failed trial costs nothing more: it is one of the runs, with output
+    "failed", never released. A random-count search refuses Tune's retries of failed trials
+    (``FailureConfig(max_failures > 0)``) before any trial: the selection bound does not cover
+    what a retry reveals (:func:`~ray_dptune.tune.guard.check_retries`). A re-run of an
+    interrupted trial on ``Tuner.restore`` costs one more run composed at the plan, so σ is
+    calibrated with ``retries`` of them reserved, and a re-run beyond them is refused. A
+    search that does not finish is incomplete and is not released.
 
     Args:
         trainable: a :func:`~ray_dptune.training.dp_trainable` built without ``noise_multiplier``.
@@ -82,9 +84,10 @@ def private_tuner(
         run_config: ``tune.RunConfig`` passed through; the accountant is added to its callbacks.
         generic: also use the certified numeric P&S Lemma 7 bound and the base's exact profile (the
             default, the tightest; False: closed forms only, the cross-check).
-        retries: attempts the budget reserves for re-runs over the whole search (each composed at the
-            plan). Default: ``run_config.failure_config.max_failures`` (0 when unset); needed when
-            that is -1 (unlimited).
+        retries: re-runs the budget reserves over the whole search, each composed at the plan: of
+            interrupted trials on ``Tuner.restore`` (and, in searches whose bound composes every
+            attempt, of failed trials Tune retries). Default: 0 for a random-count search, else
+            ``run_config.failure_config.max_failures`` (0 when unset); needed when that is -1.
         ledger: a :class:`~ray_dptune.records.ledger.PrivacyLedger`; ``dataset`` names the data set.
             The report then also gives every search on it (``epsilon_dataset``).
         dataset: identifier of the private data set, with ``ledger``.
@@ -132,7 +135,9 @@ def private_tuner(
     tuning = _tune_config(search_alg, tune_config, metric=metric, mode=mode)  # cheap checks before calibrating
     if run_config is not None:
         check_stop(run_config.stop)
-    retries = _reserved_retries(retries, run_config, mechanism)
+    max_failures = _max_failures(run_config)
+    check_retries(max_failures, searcher)
+    retries = _reserved_retries(retries, max_failures, mechanism)
     plan_for = plan_for or _plan_factory(trainable, dict(param_space), searcher)
     sigma = calibrate_noise_multiplier(
         plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic, retries=retries
@@ -151,6 +156,7 @@ def private_tuner(
         dataset=dataset,
         verbose=verbose,
         audit=None if audit is None else audit.journal_record(),
+        reserved_reruns=retries,
     )
     return tune.Tuner(
         trainable,
@@ -167,7 +173,12 @@ def _check_budget(epsilon: float, delta: float) -> None:
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}.")
 
 
-def _reserved_retries(retries: int | None, run_config: tune.RunConfig | None, mechanism: Any) -> int:
+def _max_failures(run_config: tune.RunConfig | None) -> int:
+    failure = None if run_config is None else run_config.failure_config
+    return 0 if failure is None else failure.max_failures
+
+
+def _reserved_retries(retries: int | None, max_failures: int, mechanism: Any) -> int:
     """The re-runs the budget reserves: ``retries``, else Tune's ``max_failures`` (0 for a halving search,
     which pays every attempt from its budget of time units)."""
     if mechanism.kind == "halving":
@@ -181,8 +192,6 @@ def _reserved_retries(retries: int | None, run_config: tune.RunConfig | None, me
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError(f"retries must be an int >= 0 (re-runs the budget reserves), got {retries!r}.")
         return retries
-    failure = None if run_config is None else run_config.failure_config
-    max_failures = 0 if failure is None else failure.max_failures
     if max_failures < 0:
         raise ValueError(
             "FailureConfig(max_failures=-1) retries without limit, which no finite budget pays for: pass "
