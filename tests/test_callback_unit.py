@@ -169,8 +169,8 @@ def test_a_failed_run_is_covered_and_its_retry_is_charged_before_it_can_start():
     accountant.on_trial_start(0, [], TRIAL)
     accountant.on_trial_error(0, [], TRIAL)  # no retry: the run is the K = 1 run, output "failed"
     assert accountant.account.charged_attempts(if_stopped_now=True) == 0
-    with pytest.raises(BudgetExceededError, match="Starting this attempt"):
-        accountant.on_trial_start(0, [], TRIAL)  # a re-run would charge the failed attempt: refused, not journaled
+    with pytest.raises(PrivacyError, match="a failed run is final"):
+        accountant.on_trial_start(0, [], TRIAL)  # a re-run of a failed run (resume_errored): refused, not journaled
     assert [a["state"] for a in accountant.account.attempts_of("t1")] == ["failed"]
     roomy = capped(k=1, room=1)  # room for one more run at the plan
     roomy.on_trial_start(0, [], TRIAL)

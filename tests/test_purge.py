@@ -32,6 +32,7 @@ from ray_dptune import (
 )
 from ray_dptune.records.journal import JOURNAL_FILE
 from ray_dptune.records.report import REPORT_FILE, PrivacyReport
+from ray_dptune.records.statement import STATEMENT_FILE
 from ray_dptune.search.dphypo import DPHyPOSearcher
 
 RAY = pytest.mark.usefixtures("ray_session")  # the tests that run Tune; the others are fast
@@ -172,8 +173,9 @@ def assert_only_the_release_remains(folder, released, secrets, exempt=()):
         assert float(file.read()) == released.score
     trial_folder = os.path.dirname(released.checkpoint_path)
     remaining = set(os.listdir(folder))
-    assert {REPORT_FILE, os.path.basename(trial_folder)} <= remaining  # and the journal, if the callback kept one
-    assert remaining - {REPORT_FILE, os.path.basename(trial_folder)} <= JOURNAL_FILES
+    kept = {REPORT_FILE, STATEMENT_FILE, os.path.basename(trial_folder)}
+    assert kept <= remaining  # and the journal, if the callback kept one
+    assert remaining - kept <= JOURNAL_FILES
     with open(os.path.join(trial_folder, "result.json")) as file:
         assert repr(released.score) in file.read()
     assert not tune.Tuner.can_restore(folder)  # as the docstring says: no Tuner.restore after a purge
@@ -295,7 +297,7 @@ def test_purge_keeps_the_privacy_record_and_deletes_every_trial_when_the_searche
     )
     released = release_best(grid, purge=True)
     assert released.config == {"v": 0.5} and released.checkpoint_path is None
-    assert sorted(os.listdir(experiment)) == sorted([REPORT_FILE, *record])
+    assert sorted(os.listdir(experiment)) == sorted([REPORT_FILE, STATEMENT_FILE, *record])
 
 
 def test_a_trial_the_searcher_names_is_released_only_if_it_ended_its_run(tmp_path):

@@ -166,9 +166,9 @@ def release_best(
                 delta=report["guarantee"]["delta"],
             )
         write_report(filesystem, report_path, dataclasses.replace(written, released_trial_id=trial_id, audit=audit))
-    write_statement(filesystem, f"{experiment_path}/{STATEMENT_FILE}", released.statement or {})
     if purge:
         _purge(filesystem, experiment_path, keep, trials, report)
+    write_statement(filesystem, f"{experiment_path}/{STATEMENT_FILE}", released.statement or {})
     return released
 
 
