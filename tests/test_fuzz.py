@@ -514,6 +514,15 @@ def test_values_at_the_edges_are_the_limits_or_on_the_safe_side():
         warnings.simplefilter("error")
         selected = repeat_and_select(RDPCurve(ORDERS, [0.0, 0.0, 0.0, 3e306]), Poisson(3.0))
     assert np.all(np.isfinite(selected.epsilons[:3])) and selected.epsilons[3] >= 3e306
+    # the convex-hull margin of constraints near 1e308 overflows: nothing is dropped, no warning escapes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        huge = repeat_and_select(
+            RDPCurve.pure(epsilon=9.521065749142721e302),
+            TruncatedNegativeBinomial(eta=0.5, gamma=0.1),
+            density_ratio=2.0,
+        )
+    assert np.all(huge.epsilons > 0) and not np.any(np.isnan(huge.epsilons))
     # a law whose first runs have underflowing probability is still sampled near its mean
     law = TruncatedNegativeBinomial.from_mean(1000.0, 1e5)
     assert 0.5e5 < law.sample(0) < 2e5

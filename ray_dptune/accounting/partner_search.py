@@ -267,8 +267,10 @@ def _binding(alphas: np.ndarray, c: np.ndarray) -> np.ndarray:
     x, y = np.r_[1.0, alphas], np.r_[0.0, c]
     if x.size <= 2:
         return np.ones(alphas.size, dtype=bool)
-    chord = y[:-2] + (y[2:] - y[:-2]) * ((x[1:-1] - x[:-2]) / (x[2:] - x[:-2]))
-    if not np.any(y[1:-1] > chord + 1e-12 * (np.abs(chord) + np.abs(y[1:-1]))):
+    with np.errstate(over="ignore"):  # a margin past 1e308 is inf: nothing is dropped (the set as it is)
+        chord = y[:-2] + (y[2:] - y[:-2]) * ((x[1:-1] - x[:-2]) / (x[2:] - x[:-2]))
+        above = y[1:-1] > chord + 1e-12 * (np.abs(chord) + np.abs(y[1:-1]))
+    if not np.any(above):
         return np.ones(alphas.size, dtype=bool)  # already convex (a Gaussian's curve, say)
     xs, ys = x.tolist(), y.tolist()
     hull = [0]
