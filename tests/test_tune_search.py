@@ -155,6 +155,19 @@ def test_a_failed_trial_is_one_of_the_runs_and_a_retry_is_refused_before_any_tri
 
 
 @RAY
+def test_a_search_without_a_selection_rule_is_refused_before_any_trial(tmp_path):
+    started = tmp_path / "started"
+
+    def marked(config):
+        started.touch()
+        fake_dp_trainable(config)
+
+    with pytest.raises(Exception, match="no selection rule"):  # metric and mode: neither searcher nor TuneConfig
+        run(tmp_path, RandomCountSearcher(PointMass(2), seed=0), marked, plan=PLAN)
+    assert not started.exists()
+
+
+@RAY
 def test_spending_above_the_plan_stops_the_search(tmp_path):
     def greedy(config):
         tune.report(

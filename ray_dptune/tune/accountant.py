@@ -29,6 +29,7 @@ from ray_dptune.tune.guard import (
     check_scheduler,
     check_stop,
     end_trial_in_error,
+    require_selection_rule,
     running_controller,
     stopped_by_rule,
 )
@@ -196,6 +197,7 @@ class PrivacyAccountantCallback(Callback):
             raise self._searcher.restore_refusal
         controller = running_controller()
         if controller is not None:  # before any trial, on tune.run too
+            require_selection_rule(self._searcher)  # Tune has given the searcher TuneConfig's metric and mode
             check_scheduler(controller.scheduler_alg, self._searcher)
             search_alg = getattr(controller.search_alg, "searcher", controller.search_alg)
             if private_searcher_of(search_alg) is not self._searcher:

@@ -22,6 +22,7 @@ __all__ = [
     "check_stop",
     "end_trial_in_error",
     "private_tune_config",
+    "require_selection_rule",
     "running_controller",
     "stopped_by_rule",
 ]
@@ -79,6 +80,22 @@ def _nested(result: dict, key: str) -> Any:
     prefix = f"{key}/"
     fields = {name[len(prefix) :]: value for name, value in result.items() if name.startswith(prefix)}
     return fields or None
+
+
+def require_selection_rule(searcher: Any) -> None:
+    """Raises PrivacyError unless the searcher knows its metric and mode before the search starts.
+
+    The rule that picks the released trial is part of the mechanism: one chosen after seeing the
+    results is not covered (and a search without one cannot be released at all).
+    """
+    searcher = private_searcher_of(searcher)
+    metric, mode = getattr(searcher, "metric", None), getattr(searcher, "mode", None)
+    if metric is None or mode not in ("max", "min"):
+        raise PrivacyError(
+            f"The search has no selection rule (metric={metric!r}, mode={mode!r}): the rule that picks the "
+            "released trial is part of the mechanism and is fixed before any trial. Give both, e.g. "
+            "metric='val_acc', mode='max', to the searcher, TuneConfig or private_tuner."
+        )
 
 
 def check_retries(max_failures: int, searcher: Any) -> None:

@@ -17,7 +17,7 @@ from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
 from ray_dptune.tune.accountant import PrivacyAccountantCallback
-from ray_dptune.tune.guard import check_retries, check_stop, private_tune_config
+from ray_dptune.tune.guard import check_retries, check_stop, private_tune_config, require_selection_rule
 
 if TYPE_CHECKING:
     from ray_dptune.training.canaries import CanaryAudit
@@ -107,6 +107,7 @@ def private_tuner(
         ValueError: invalid arguments.
     """
     _check_budget(epsilon, delta)
+    metric, mode = _selection_rule(metric, mode, tune_config)
     search_alg = searcher
     searcher = _searcher(law, searcher, metric, mode)
     search_alg = searcher if search_alg is None else search_alg  # the user's ConcurrencyLimiter stays around it
@@ -135,6 +136,7 @@ def private_tuner(
     tuning = _tune_config(search_alg, tune_config, metric=metric, mode=mode)  # cheap checks before calibrating
     if run_config is not None:
         check_stop(run_config.stop)
+    require_selection_rule(searcher)
     max_failures = _max_failures(run_config)
     check_retries(max_failures, searcher)
     retries = _reserved_retries(retries, max_failures, mechanism)
@@ -198,6 +200,19 @@ def _reserved_retries(retries: int | None, max_failures: int, mechanism: Any) ->
             "private_tuner(..., retries=R), the re-runs the whole search may pay for (each composed at the plan)."
         )
     return max_failures
+
+
+def _selection_rule(
+    metric: str | None, mode: str | None, given: tune.TuneConfig | None
+) -> tuple[str | None, str | None]:
+    """``metric`` and ``mode``, else those of the user's TuneConfig (which give them to the searcher)."""
+    chosen = []
+    for name, value in (("metric", metric), ("mode", mode)):
+        configured = None if given is None else getattr(given, name)
+        if value is not None and configured not in (None, value):
+            raise ValueError(f"{name}={value!r} differs from tune_config.{name}={configured!r}: set it once.")
+        chosen.append(value if value is not None else configured)
+    return chosen[0], chosen[1]
 
 
 def _searcher(law: RunCountDistribution | None, searcher: Any, metric: str | None, mode: str | None) -> PrivateSearcher:
