@@ -100,6 +100,7 @@ def test_resuming_re_runs_each_interrupted_trial_at_its_plan(account):
         budget(account).check_resumable()
     line = budget(account).end_line(complete=False, reason="2 trial(s) stopped", path="r.json")
     assert "cannot be resumed" in line and "nothing may be released" in line
+    assert f"; ε = {budget(account).epsilon():.4g}" in line  # what the search stands at, said on the driver
     assert "re-runs" not in budget(account).end_line(
         complete=False, reason="a spend past its plan", path="r.json", resumable=False
     )
@@ -110,6 +111,12 @@ def test_a_complete_search_within_its_target_says_done(account):
     run(account, "a")
     line = budget(account).end_line(complete=True, reason=None, path="r.json")
     assert line.startswith("search done: (ε = ") and f"{composed(1):.4g}" in line and "r.json" in line
+
+
+def test_a_complete_search_whose_every_trial_failed_says_nothing_may_be_released(account):
+    run(account, "a", "failed")
+    line = budget(account).end_line(complete=True, reason=None, path="r.json")
+    assert line.startswith("search done, but no trial ran its plan to the end") and "nothing may be released" in line
 
 
 def test_the_budget_reads_the_durable_worst_case_a_live_attempt_charged_whole():

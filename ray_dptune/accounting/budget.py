@@ -135,6 +135,8 @@ class SearchBudget:
         guarantee = account.guarantee()
         total = self._total(guarantee)
         shown = f"(ε = {guarantee.epsilon:.4g}, δ = {account.delta:g})"
+        if account.reserved_reruns:
+            shown += f", spent so far ε = {account.spent().epsilon:.4g}"
         if total is not None and total != guarantee.epsilon:
             shown += f"; {self._scope.lower()} ε = {total:.4g}"
         if self.target_epsilon is not None:
@@ -159,11 +161,15 @@ class SearchBudget:
         shown = "n/a (no trial reported a plan)" if epsilon is None else f"{epsilon:.4g}"
         where = f"report: {path or 'not written (no trial ran; pass report_path=)'}"
         over = not self.held()
-        if complete and not over:
+        if complete and not over and (account.trials_completed or not account.trials):
             return f"search done: (ε = {shown}, δ = {account.delta:g}) for the whole search; {where}"
+        if complete and not over:
+            return (
+                f"search done, but no trial ran its plan to the end (ε = {shown}, δ = {account.delta:g}): nothing "
+                f"may be released, as a failed run never is; {where}"
+            )
         state = f"search INCOMPLETE: {reason}" if not complete else "search ended OVER ITS BUDGET"
-        if over:
-            state += f"; ε = {shown} > target {self.target_epsilon:g}"
+        state += f"; ε = {shown}" + (f" > target {self.target_epsilon:g}" if over else "")
         advice = "nothing may be released"
         interrupted, resumed = self.resume_epsilon()
         if interrupted and resumable and not over and resumed is not None:

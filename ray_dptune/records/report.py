@@ -231,11 +231,13 @@ def write_report(filesystem: Any, path: str, report: PrivacyReport) -> None:
     filesystem.move(temporary, path)
 
 
-def write_search_report(report: PrivacyReport, *, report_path: str | None, trials: list[Any]) -> str | None:
+def write_search_report(
+    report: PrivacyReport, *, report_path: str | None, trials: list[Any], storage: Any = None
+) -> str | None:
     """Writes ``report`` to ``report_path`` or the experiment's storage (local or shared); returns where.
 
-    With K = 0 no trial exists to locate the experiment's storage; the report then goes
-    to ``report_path`` only (the release is data-independent anyway).
+    The storage is the trials' (Tune's ``StorageContext``), or ``storage`` when no trial ran (K = 0);
+    without either the report is not written (None).
     """
     import os
 
@@ -244,9 +246,9 @@ def write_search_report(report: PrivacyReport, *, report_path: str | None, trial
     if report_path:
         write_report(pyarrow.fs.LocalFileSystem(), os.path.abspath(report_path), report)
         return report_path
-    if not trials:
+    storage = trials[0].storage if trials else storage
+    if storage is None:
         return None
-    storage = trials[0].storage
     path = f"{storage.experiment_fs_path}/{REPORT_FILE}"
     write_report(storage.storage_filesystem, path, report)
     return path

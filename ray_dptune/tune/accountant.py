@@ -159,6 +159,7 @@ class PrivacyAccountantCallback(Callback):
         self._last_logged: str | None = None
         self._started_at: float | None = None
         self._stop: Any = None  # the run's data-independent stop= criterion, if any
+        self._storage: Any = None  # Tune's StorageContext of the run
         searcher.attach_recorder(self._record)
         searcher.attach_account(lambda: self._account)  # replaced by the journal's on a restore
         self._budget.check()  # the plan is known: bound the search before Tune starts
@@ -206,6 +207,7 @@ class PrivacyAccountantCallback(Callback):
                     "DP searcher (or the ConcurrencyLimiter around it) as search_alg."
                 )
             self._stop = getattr(controller, "_stopper", None)  # Tune keeps a Stopper object only there
+            self._storage = getattr(controller, "_storage", None)  # where the report goes when no trial ran
             experiment = getattr(controller.search_alg, "_experiment", None)  # the spec Tune builds trials from
             if experiment is not None:
                 check_retries(experiment.spec.get("max_failures", 0), self._searcher)
@@ -322,7 +324,7 @@ class PrivacyAccountantCallback(Callback):
         complete, reason = self._budget.completeness(searcher=self._searcher, violation=self._violation)
         self._record({"type": "ended", "complete": complete, "reason": reason})
         self._update_ledger(force=True)
-        path = write_search_report(self.report(), report_path=self._report_path, trials=trials)
+        path = write_search_report(self.report(), report_path=self._report_path, trials=trials, storage=self._storage)
         if self._verbose:
             line = self._budget.end_line(complete=complete, reason=reason, path=path, resumable=self._violation is None)
             print(f"[ray_dptune] {line}", flush=True)

@@ -148,6 +148,13 @@ def private_tuner(
     spent = search_epsilon(plan, delta=delta, mechanism=mechanism, generic=generic, retries=retries)
     if spent > epsilon:  # calibrate returns the safe end; this is the account's own word on it
         raise PrivacyError(f"The calibrated search spends ε = {spent:.6g} > {epsilon}: refusing to run it.")
+    if verbose:
+        reserved = f" with {retries} re-run(s) reserved" if retries else ""
+        print(
+            f"[ray_dptune] noise multiplier σ = {sigma:.6g} (param_space[{NOISE_KEY!r}]): the smallest whose whole "
+            f"search{reserved} meets (ε = {epsilon:g}, δ = {delta:g}); its guarantee is ε = {spent:.4g}",
+            flush=True,
+        )
     accountant = PrivacyAccountantCallback(
         searcher,
         delta=delta,
