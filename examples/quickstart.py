@@ -41,6 +41,7 @@ from ray_dptune import (
     repeat_and_select,
 )
 from ray_dptune.records.report import REPORT_FILE
+from ray_dptune.records.statement import STATEMENT_FILE
 from ray_dptune.training import CanaryAudit, digits_cnn, digits_data, dp_trainable
 
 SPACE = {"lr": tune.loguniform(0.05, 4.0), "max_grad_norm": tune.loguniform(0.1, 10.0)}
@@ -76,8 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--retries",
         type=int,
         default=0,
-        help="re-runs the budget reserves (a resumed search's unfinished trials, Tune's retries), each at the plan: "
-        "σ grows with it (default 0)",
+        help="re-runs the budget reserves (a resumed search's interrupted trials), each at the plan: σ grows with it, "
+        "and the stated ε includes them from the start (default 0; a failed trial is never retried)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed K and the configs (default: secure)")
     parser.add_argument(
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         searcher=searcher,  # or law=Poisson(mean=8), metric="val_acc", mode="max"
         tune_config=tune.TuneConfig(max_concurrent_trials=args.concurrency),
         run_config=run_config,
-        retries=args.retries,  # headroom for re-runs; a re-run beyond it is refused, never paid over budget
+        retries=args.retries,  # headroom for re-runs of interrupted trials; one beyond it is refused
         audit=audit,  # None, or canaries in every trial's training set: ε_lower beside ε in the report
     )
     results = tuner.fit()
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 def print_summary(released, results, trainable, num_trials: int, args: argparse.Namespace) -> None:
     """The released trial and its guarantee, beside what non-private tuning would claim."""
     print()
-    print(f"Trials run: K = {num_trials} (drawn from Poisson({args.mean:g}), never redrawn)")
+    print(f"Trials run: K = {num_trials} (drawn from Poisson({args.mean:g}), never redrawn; yours, not to publish)")
     if released.score is None:
         print("No trial ran: the release is independent of the data.")
         return
@@ -154,7 +155,7 @@ def print_summary(released, results, trainable, num_trials: int, args: argparse.
         f"Released trial: lr = {released.config['lr']:.4g}, max_grad_norm = {released.config['max_grad_norm']:.4g}, "
         f"val_acc = {released.score:.3f}"
     )
-    print(f"Guarantee for the whole search: (ε = {released.guarantee['epsilon']:.3f}, δ = {args.delta:g})")
+    print(f"Guarantee for the whole search: (ε = {released.statement['guarantee']['epsilon']:.3f}, δ = {args.delta:g})")
     print()
     print("What non-private tuning of the same trials would claim or spend:")
     print(
@@ -180,9 +181,13 @@ def print_next_steps(experiment: str, retries: int, *, released: bool, audited: 
     if not os.path.exists(report):
         print(f"No privacy report: no trial ran, so nothing touched the data. Experiment folder: {experiment}")
         return
-    cli, beside_python = "ray-dptune", os.path.join(os.path.dirname(sys.executable), "ray-dptune")
-    if not shutil.which(cli) and os.path.exists(beside_python):  # e.g. .venv/bin, not on PATH
-        cli = beside_python if os.path.relpath(beside_python).startswith("..") else os.path.relpath(beside_python)
+    cli, beside_python = "ray-dptune", os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "ray-dptune")
+    if not shutil.which(cli) and os.path.exists(beside_python):  # e.g. .venv/bin, not on PATH: pastes from any folder
+        cli = beside_python
+    if released:
+        print(f"May be published: the released model and {os.path.join(experiment, STATEMENT_FILE)}")
+        print("  (its configuration and score, (ε, δ) and the search's definition: no K, no other trial).")
+    print("Stays with you: the privacy report, the journal and Tune's files (K, every trial and score).")
     print(f"Privacy report: {report}")
     print(f"  {cli} journal {experiment}   # what the journal proves the search spent")
     if released and audited:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -35,6 +36,14 @@ def test_the_report_stays_at_the_printed_path(tmp_path):
     assert Path(printed).is_file()  # after the process exited: nothing deleted it
     assert f"journal {storage / 'run'}" in process.stdout
     assert "purge=True" in process.stdout and "resume_unfinished=True" in process.stdout
+    (published,) = re.findall(r"^May be published: the released model and (\S+)$", process.stdout, re.MULTILINE)
+    statement = json.loads(Path(published).read_text())
+    assert statement["guarantee"]["epsilon"] == pytest.approx(
+        json.loads(Path(printed).read_text())["guarantee"]["epsilon"]
+    )
+    assert "num_trials" not in json.dumps(statement) and "Stays with you" in process.stdout
+    (cli,) = re.findall(r"^  (\S+) journal ", process.stdout, re.MULTILINE)
+    assert cli == "ray-dptune" or os.path.isabs(cli)  # pastes from any folder
 
 
 def test_an_experiment_folder_in_use_is_refused_before_ray_starts(tmp_path):
