@@ -21,8 +21,9 @@ from __future__ import annotations
 import pytest
 from test_exact_audit import MP, ORDERS, Pair, base_curve, symmetric_renyi, true_epsilon
 
+from ray_dptune import RandomCountSearcher
 from ray_dptune.accounting import RDPCurve, repeat_and_select
-from ray_dptune.accounting.distributions import Poisson
+from ray_dptune.accounting.distributions import PointMass, Poisson
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 
 DELTA = 1e-5
@@ -153,11 +154,33 @@ def test_up_to_m_plus_1_runs_a_trial_inside_the_selection_covers_the_release_wit
     assert truth <= stated, (case, truth, stated)
 
 
-def test_a_random_count_search_refuses_retries_and_composed_searches_allow_them():
+def test_a_random_count_search_refuses_retries_and_composed_searches_state_every_retry_they_allow():
     law = Poisson(mean=1.0)
     assert not SearchMechanism.random_count(law=law, num_trials=3).allows_retries
     assert SearchMechanism.composition().allows_retries
-    assert SearchMechanism.constant_overhead(epsilon_round=0.1, max_rounds=3).allows_retries
+    overhead = SearchMechanism.constant_overhead(epsilon_round=0.1, max_rounds=3)
+    assert overhead.allows_retries
+    assert [overhead.retry_reserve(m) for m in (0, 1, 3, -1)] == [0, 1, 3, None]  # the final training's retries
+    assert SearchMechanism.composition().retry_reserve(2) is None  # any number of trials: no fixed reserve
+    assert SearchMechanism.halving(budget_units=3, max_t=3).retry_reserve(2) == 0  # units pay for them
+
+
+def test_the_callback_states_tune_s_retries_from_the_start():
+    from ray_dptune import ConstantOverheadSearcher, PrivacyAccountantCallback, PrivacyError, TrialSpend
+
+    plan = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
+    searcher = ConstantOverheadSearcher([{"lr": 0.1}, {"lr": 0.2}], partitions=2, epsilon_round=0.1, granularity=0.05)
+    accountant = PrivacyAccountantCallback(searcher, delta=DELTA, plan=plan, verbose=False)
+    before = accountant.account.guarantee().epsilon
+    accountant._reserve_tune_retries(2)  # what setup does with the experiment's FailureConfig(max_failures=2)
+    assert accountant.account.reserved_reruns == 2
+    assert accountant.account.guarantee().epsilon == accountant.account.guarantee(extra_charges=2).epsilon > before
+    accountant.account.apply({"type": "started", "trial_id": "final", "accounted": True})
+    accountant.account.apply({"type": "failed", "trial_id": "final", "retry": True})  # a retry: charged
+    assert accountant.account.guarantee().epsilon == accountant.account.guarantee(extra_charges=1).epsilon
+    random_count = PrivacyAccountantCallback(RandomCountSearcher(PointMass(2), seed=0), delta=DELTA, plan=plan)
+    with pytest.raises(PrivacyError, match="Leave max_failures at 0"):
+        random_count._reserve_tune_retries(1)
 
 
 def test_the_retried_trial_s_exact_rdp_is_within_m_plus_1_plans():

@@ -311,7 +311,9 @@ def test_restore_keeps_k_and_does_not_rerun_finished_trials(tmp_path):
 
     with pytest.raises(Exception, match="a failed run is final"):  # a retry of the failed trial, by restore
         tune.Tuner.restore(str(tmp_path / "restore"), breaks_once, resume_errored=True).fit()
-    assert len(list(starts.iterdir())) == 3  # refused before it started
+    with pytest.raises(Exception, match="never suggested"):  # the same, as a new trial from its configuration
+        tune.Tuner.restore(str(tmp_path / "restore"), breaks_once, restart_errored=True).fit()
+    assert len(list(starts.iterdir())) == 3  # both refused before anything started
     second = tune.Tuner.restore(str(tmp_path / "restore"), breaks_once).fit()
     assert len(second) == 3  # same K = 3, no new trial
     assert len(list(starts.iterdir())) == 3  # finished and failed trials are not re-run

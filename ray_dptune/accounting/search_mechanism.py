@@ -103,12 +103,26 @@ class SearchMechanism:
         by the failure of the attempt it replaces, so the runs that stand as trials' last attempts
         are the base *conditioned on not failing*, and the retries are a statistic of all K runs
         (P&S App. D.1: with such a statistic known, best-of-k costs up to k-fold): exact
-        enumeration finds the released output's ε above the bound (tests/test_exact_audit.py). A
+        enumeration finds the released output's ε above the bound (tests/test_exact_retries.py). A
         failure without a retry is covered: the run's output is "failed", ranked last. The other
         kinds bound every attempt outside their cover by adaptive composition (Mironov 2017,
         Prop. 1), which covers the failure a retry reveals.
         """
         return self.kind != "random_count"
+
+    def retry_reserve(self, max_failures: int) -> int | None:
+        """The attempts Tune's ``max_failures`` retries may charge in all: part of the stated guarantee.
+
+        0 where retries are not charged by attempt (a halving budget pays units; a release's trials
+        are not accounted); ``max_failures`` for each covered trial of a constant-overhead search
+        (its final training); None where no fixed number bounds them (unlimited retries, or a plain
+        composition of any number of trials).
+        """
+        if self.kind in ("halving", "release") or max_failures == 0:
+            return 0
+        if max_failures < 0 or self.kind == "composition":
+            return None
+        return max_failures * self.cover_cap
 
     @property
     def law(self) -> RunCountDistribution | None:

@@ -210,7 +210,7 @@ class PrivacyAccountantCallback(Callback):
             self._storage = getattr(controller, "_storage", None)  # where the report goes when no trial ran
             experiment = getattr(controller.search_alg, "_experiment", None)  # the spec Tune builds trials from
             if experiment is not None:
-                check_retries(experiment.spec.get("max_failures", 0), self._searcher)
+                self._reserve_tune_retries(experiment.spec.get("max_failures", 0))
         check_stop(info.get("stop"))
         check_stop(self._stop)
         self._stop = info.get("stop") or self._stop
@@ -229,6 +229,7 @@ class PrivacyAccountantCallback(Callback):
             for trial in controller.get_trials():
                 if trial.status == "PENDING":
                     self._refuse_rerun_of_a_failed_run(trial.trial_id)
+                    self._refuse_unsuggested_trial(trial.trial_id)
         if self._ledger is not None:
             self._ledger.check_dataset()
             self._update_ledger(force=True)
@@ -243,6 +244,7 @@ class PrivacyAccountantCallback(Callback):
                 self._open_journal(location)
         check_retries(getattr(trial, "max_failures", 0), self._searcher)  # before the attempt is recorded
         self._refuse_rerun_of_a_failed_run(trial.trial_id)
+        self._refuse_unsuggested_trial(trial.trial_id)
         self._configs[trial.trial_id] = _jsonable(trial.config)
         accounted = bool(self._searcher.accounts_trial(trial.config))
         # Refused (BudgetExceededError) before it is journaled: Tune then ends the search before this attempt
@@ -381,6 +383,39 @@ class PrivacyAccountantCallback(Callback):
                 f"Trial {trial_id} failed, and in a random-count search a failed run is final (one of the K runs, "
                 "output 'failed'): re-running it would be a retry decided by its failure, which the selection bound "
                 "does not cover. Restore with resume_errored=False (the default); the search is complete as it is."
+            )
+
+    def _reserve_tune_retries(self, max_failures: int) -> None:
+        """Before any trial: refuses retries the bound does not allow, and states every retry it allows.
+
+        The guarantee is the procedure's, so the attempts Tune's retries may charge are reserved in it
+        from the start (the same number whether or not anything fails).
+        """
+        check_retries(max_failures, self._searcher)
+        reserve = self._account.mechanism.retry_reserve(max_failures)
+        if reserve is None:
+            raise PrivacyError(
+                f"FailureConfig(max_failures={max_failures}) lets Tune retry without a bound this search can state "
+                "before it runs: give max_failures a finite value."
+            )
+        if reserve > self._account.reserved_reruns and not self._restored:
+            self._account.reserved_reruns = reserve
+
+    def _refuse_unsuggested_trial(self, trial_id: str) -> None:
+        """After a restore from the journal, a random-count search runs only the trials its searcher suggested.
+
+        ``Tuner.restore(restart_errored=True)`` (or ``restart_finished``) makes new trials, with new ids,
+        from old configurations: a re-run chosen from the runs' outcomes. Every suggestion is journaled
+        before its trial can start, so a rebuilt account knows every trial of the search.
+        """
+        if self._account.mechanism.allows_retries or not self._account.restores:
+            return
+        if trial_id not in self._account.trials:
+            raise PrivacyError(
+                f"Tune is starting trial {trial_id}, which this search's searcher never suggested: "
+                "Tuner.restore(restart_errored=True) or restart of finished trials re-runs old configurations as "
+                "new trials, a retry decided by the results, which the selection bound does not cover. Restore "
+                "with the defaults (resume_unfinished=True)."
             )
 
     # ------------------------------------------------------------------ the journal

@@ -200,6 +200,12 @@ def _reserved_retries(retries: int | None, max_failures: int, mechanism: Any) ->
     if retries is not None:
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError(f"retries must be an int >= 0 (re-runs the budget reserves), got {retries!r}.")
+        needed = mechanism.retry_reserve(max_failures) or 0
+        if retries < needed:
+            raise ValueError(
+                f"retries={retries} reserves fewer re-runs than FailureConfig(max_failures={max_failures}) may charge "
+                f"({needed}): the stated guarantee must cover every retry the search allows. Give retries >= {needed}."
+            )
         return retries
     if max_failures < 0:
         raise ValueError(
