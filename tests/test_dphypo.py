@@ -337,7 +337,7 @@ def test_a_search_journaled_before_c_was_recorded_restores_with_its_worst_case_b
     assert resumed.account.mechanism.params["upper"] == C
     resumed.set_state(first.get_state())
     resumed.setup(num_samples=-1)
-    resumed.on_trial_start(0, [], SimpleNamespace(trial_id="t2", config={"x": 0.2, "lr": 0.1}))
+    resumed.on_trial_start(0, [], trial)  # Tune re-runs the trial the dead driver left running
     assert "upper" not in resumed.account.mechanism.params  # the journal's record, the worst case, is kept
     worst = repeat_and_select(PLAN.curve(), law, density_ratio=C / c).epsilon(delta=DELTA)
     assert resumed.account.guarantee().epsilon >= worst * (1 - 1e-12)

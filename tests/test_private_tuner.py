@@ -84,7 +84,9 @@ def test_bad_input_is_refused_before_anything_runs():
 def test_a_budget_no_noise_can_meet_is_refused_before_training():
     noisy_scores = trainable(score_noise_multiplier=0.05)  # each epoch's score alone costs more than ε = 1
     with pytest.raises(PrivacyError, match="No noise multiplier up to 10000 meets ε = 1.0"):
-        private_tuner(noisy_scores, param_space=SPACE, epsilon=1.0, delta=DELTA, law=Poisson(mean=4))
+        private_tuner(
+            noisy_scores, param_space=SPACE, epsilon=1.0, delta=DELTA, law=Poisson(mean=4), metric="val_acc", mode="max"
+        )
 
 
 @pytest.mark.slow
