@@ -426,3 +426,35 @@ def test_a_damaged_curve_record_raises(tmp_path):
         ledger.dataset_total("digits")
     with pytest.raises(PrivacyError, match="record of search 'a' is corrupt"):
         ledger.searches(delta=DELTA)
+
+
+def test_with_a_ledger_a_search_keeps_its_own_cap(tmp_path):
+    """private_tuner(ledger=...) caps the dataset's total where asked and, always, the search's own guarantee."""
+    from ray_dptune import BudgetExceededError, PrivacyAccountantCallback, RandomCountSearcher
+
+    plan = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
+    account = SearchAccount(
+        SearchMechanism.random_count(law=PointMass(2), num_trials=2), delta=DELTA, plan=plan.to_dict()
+    )
+    one_more = account.guarantee(extra_charges=1).epsilon
+    cap = (account.guarantee().epsilon + one_more) / 2  # the search fits, one charged attempt more does not
+
+    def accountant(search_epsilon):
+        return PrivacyAccountantCallback(
+            RandomCountSearcher(PointMass(2), seed=0),
+            delta=DELTA,
+            plan=plan,
+            ledger=PrivacyLedger(str(tmp_path / "ledger.db")),
+            dataset="digits",
+            search_epsilon=search_epsilon,
+            verbose=False,
+        )
+
+    with pytest.raises(PrivacyError, match="above target_epsilon"):
+        accountant(account.guarantee().epsilon * 0.99)  # refused before any trial
+    capped = accountant(cap)
+    for trial in ("a", "b"):
+        capped.account.apply({"type": "suggested", "trial_id": trial, "accounted": True})
+    with pytest.raises(BudgetExceededError, match="the search's guarantee to"):
+        capped._record({"type": "suggested", "trial_id": "c", "accounted": True})  # a third: beyond K, charged
+    assert "c" not in capped.account.trials

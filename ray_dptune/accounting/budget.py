@@ -76,7 +76,7 @@ class SearchBudget:
             raise BudgetExceededError(
                 f"{what.get(event['type'], 'This step')} ({event.get('trial_id', event['type'])}) would take "
                 f"{self._scope.lower()} to ε = {epsilon:.4g} > target_epsilon = {self.target_epsilon:g} "
-                f"(δ = {account.delta:g}): refused before it ran. Reserve headroom for retries "
+                f"(δ = {account.delta:g}): refused before it ran. Reserve headroom for re-runs "
                 "(private_tuner(..., retries=R)) to let the budget pay for them."
             )
 

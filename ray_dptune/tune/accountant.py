@@ -91,6 +91,8 @@ class PrivacyAccountantCallback(Callback):
         verbose: print a line each time the guarantee or the count of finished trials changes.
         audit: a canary audit's :meth:`~ray_dptune.training.CanaryAudit.journal_record`, journaled
             with the search before any trial; the report gets it without the secret.
+        search_epsilon: with a ledger, a hard cap on this search's own guarantee as well
+            (``target_epsilon`` then caps the dataset's total).
         reserved_reruns: re-runs of interrupted trials the procedure reserves: the stated guarantee
             includes them from the start, so it is the same number whatever the run met
             (what was charged is ``guarantee()["spent_so_far"]``).
@@ -111,6 +113,7 @@ class PrivacyAccountantCallback(Callback):
         verbose: bool = True,
         audit: Mapping[str, Any] | None = None,
         reserved_reruns: int = 0,
+        search_epsilon: float | None = None,
     ):
         searcher = private_searcher_of(searcher)
         if (ledger is None) != (dataset is None):
@@ -140,6 +143,14 @@ class PrivacyAccountantCallback(Callback):
             total=self._total_epsilon,
             scope="The search's guarantee" if ledger is None else f"The dataset {dataset!r}'s total",
         )
+        self._search_cap = None  # with a ledger: the cap on this search's own guarantee
+        if ledger is not None and search_epsilon is not None:
+            self._search_cap = SearchBudget(
+                target_epsilon=validate.finite_positive("search_epsilon", search_epsilon),
+                account=lambda: self._account,
+                total=lambda guarantee: guarantee.epsilon,
+                scope="The search's guarantee",
+            )
         self._report_path = report_path
         self._journal_path = journal_path
         self._journal: SearchJournal | None = None
@@ -162,7 +173,7 @@ class PrivacyAccountantCallback(Callback):
         self._storage: Any = None  # Tune's StorageContext of the run
         searcher.attach_recorder(self._record)
         searcher.attach_account(lambda: self._account)  # replaced by the journal's on a restore
-        self._budget.check()  # the plan is known: bound the search before Tune starts
+        self._check_caps()  # the plan is known: bound the search before Tune starts
 
     # ------------------------------------------------------------------ the guarantee
     def guarantee(self, *, if_stopped_now: bool = False) -> dict[str, Any]:
@@ -233,7 +244,7 @@ class PrivacyAccountantCallback(Callback):
         if self._ledger is not None:
             self._ledger.check_dataset()
             self._update_ledger(force=True)
-        self._budget.check()
+        self._check_caps()
         if self._restored:
             self._budget.check_resumable()
 
@@ -257,7 +268,7 @@ class PrivacyAccountantCallback(Callback):
         trial_plan, spent = read_trial_reports(result, trial_id=trial.trial_id, keys=(PLAN_KEY, SPENT_KEY))
         if self._account.plan is None:
             self._record({"type": "plan", "plan": trial_plan})
-            self._budget.check()
+            self._check_caps()
         search_plan = self._account.plan
         beyond_plan = not (report_covers(trial_plan, spent) and report_covers(search_plan, spent))
         if beyond_plan or not self._account.within_charge(trial.trial_id, spent):
@@ -423,6 +434,8 @@ class PrivacyAccountantCallback(Callback):
         """Write-ahead: the event is admitted, reaches the journal (synced when it adds cost), then the account."""
         self._account.admit(event)  # a charge past a halving search's budget is refused before it is written
         self._budget.admit(event)  # a charge past the target likewise
+        if self._search_cap is not None:
+            self._search_cap.admit(event)
         if self._journal is not None:
             self._journal.append([event])
         else:
@@ -453,6 +466,12 @@ class PrivacyAccountantCallback(Callback):
         }
 
     # ------------------------------------------------------------------ ledger and target
+    def _check_caps(self) -> None:
+        """Raises PrivacyError when the search as it stands is over its target (or its own cap, with a ledger)."""
+        self._budget.check()
+        if self._search_cap is not None:
+            self._search_cap.check()
+
     def _update_ledger(self, *, force: bool = False) -> None:
         if self._ledger is not None:
             self._ledger.update(

@@ -89,7 +89,8 @@ def private_tuner(
             attempt, of failed trials Tune retries). Default: 0 for a random-count search, else
             ``run_config.failure_config.max_failures`` (0 when unset); needed when that is -1.
         ledger: a :class:`~ray_dptune.records.ledger.PrivacyLedger`; ``dataset`` names the data set.
-            The report then also gives every search on it (``epsilon_dataset``).
+            The report then also gives every search on it (``epsilon_dataset``); ``epsilon`` still
+            caps this search's own guarantee.
         dataset: identifier of the private data set, with ``ledger``.
         verbose: print ε live.
         audit: a :class:`~ray_dptune.training.CanaryAudit` to audit the search in this one run:
@@ -160,6 +161,7 @@ def private_tuner(
         delta=delta,
         plan=plan,
         target_epsilon=None if ledger is not None else epsilon,
+        search_epsilon=epsilon if ledger is not None else None,  # with a ledger, still this search's own cap
         generic=generic,
         ledger=ledger,
         dataset=dataset,
