@@ -60,15 +60,8 @@ def test_bad_input_is_refused_before_anything_runs():
         with pytest.raises(PrivacyError, match="no selection rule"):  # refused before σ is even calibrated
             private_tuner(trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, law=PointMass(2), **rule)
     with pytest.raises(ValueError, match="metric='val_acc' differs from tune_config.metric='loss'"):
-        private_tuner(
-            trainable(),
-            param_space=SPACE,
-            epsilon=3.0,
-            delta=DELTA,
-            law=PointMass(2),
-            metric="val_acc",
-            tune_config=tune.TuneConfig(metric="loss", mode="min"),
-        )
+        conflicting = {"metric": "val_acc", "tune_config": tune.TuneConfig(metric="loss", mode="min")}
+        private_tuner(trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, law=PointMass(2), **conflicting)
     with pytest.raises(ValueError, match="not in tune_config.search_alg"):
         private_tuner(
             trainable(),

@@ -25,3 +25,13 @@ def test_a_halving_search_has_no_selection_curve_to_read():
     halving = SearchMechanism.halving(budget_units=12, max_t=4)
     with pytest.raises(ValueError, match="budget of plan units"):
         halving.selection_curve(RDPCurve.gaussian(noise_multiplier=2.0))
+
+
+def test_the_public_definition_keeps_the_law_and_drops_what_was_drawn_from_it():
+    """K and the number of halving brackets stay with the operator (P&S App. D.1); the laws are public."""
+    from ray_dptune.accounting.distributions import PointMass, Poisson
+
+    drawn = SearchMechanism.random_count(law=Poisson(mean=4.0), num_trials=7, density_ratio=2.0).public_definition()
+    assert drawn == {"kind": "random_count", "params": {"law": Poisson(mean=4.0).to_dict(), "density_ratio": 2.0}}
+    brackets = SearchMechanism.halving(budget_units=6, max_t=3, law=PointMass(2), num_brackets=2).public_definition()
+    assert "num_brackets" not in brackets["params"] and brackets["params"]["budget_units"] == 6
