@@ -71,7 +71,7 @@ def train_breast_cancer(config: dict) -> None:
         noise_multiplier=config["noise_multiplier"],
         max_grad_norm=config["max_grad_norm"],
     )
-    spend = OpacusSpend(engine, optimizer, loader, steps=EPOCHS * len(loader))  # ray_dptune
+    spend = OpacusSpend(engine, optimizer, loader, steps=EPOCHS * len(loader), config=config)  # ray_dptune
     for _ in range(EPOCHS):
         model.train()
         for x, y in loader:

@@ -49,7 +49,7 @@ def train_worker(config: dict) -> None:
         noise_multiplier=config["noise_multiplier"],
         max_grad_norm=config["max_grad_norm"],
     )
-    spend = OpacusSpend(engine, optimizer, loader, steps=EPOCHS * len(loader))
+    spend = OpacusSpend(engine, optimizer, loader, steps=EPOCHS * len(loader), config=config)
     for _ in range(EPOCHS):
         model.train()
         for x, y in loader:

@@ -15,7 +15,7 @@ from ray_dptune.accounting import RDPCurve, repeat_and_select
 from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
 from ray_dptune.accounting.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
 from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.errors import BudgetExceededError, PrivacyError, UnsupportedBoundError
+from ray_dptune.errors import BudgetExceededError, PrivacyError, RefusedBeforeTraining, UnsupportedBoundError
 
 __version__ = "0.1.0"
 
@@ -54,6 +54,7 @@ __all__ = [
     "PrivateASHAScheduler",
     "RDPCurve",
     "RandomCountSearcher",
+    "RefusedBeforeTraining",
     "ReleasedTrial",
     "TrialSpend",
     "TruncatedNegativeBinomial",

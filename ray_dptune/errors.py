@@ -24,3 +24,12 @@ class BudgetExceededError(PrivacyError):
     Raised before the step runs (the write-ahead charge is refused), so the budget is
     never crossed by anything the search controls.
     """
+
+
+class RefusedBeforeTraining(PrivacyError):
+    """A trial stopped itself before its first training step, on public facts alone (its plan, its loader).
+
+    Raised in the trial (e.g. by :class:`~ray_dptune.training.OpacusSpend` when the loader's
+    sampling rate, the steps or σ do not fit the search's plan). The accountant then stops the
+    search; when no other attempt started, the search touched no data and its account is ε = 0.
+    """

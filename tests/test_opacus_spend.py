@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -12,10 +13,10 @@ from opacus.optimizers import AdaClipDPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ray_dptune import PrivacyError, TrialSpend
+from ray_dptune import PrivacyError, RefusedBeforeTraining, TrialSpend
 from ray_dptune.accounting import RDPCurve
 from ray_dptune.accounting.spend import report_covers
-from ray_dptune.result_keys import PLAN_KEY, SPENT_KEY
+from ray_dptune.result_keys import PLAN_KEY, SEARCH_PLAN_KEY, SPENT_KEY
 from ray_dptune.training import OpacusSpend, opacus_plan
 
 DELTA = 1e-5
@@ -129,6 +130,38 @@ def test_unaccountable_configurations_are_refused():
         OpacusSpend(engine, optimizer, loader, steps=-1)
 
 
+def config_for(plan: TrialSpend) -> dict:
+    return {"noise_multiplier": plan.noise_multiplier, SEARCH_PLAN_KEY: json.dumps(plan.to_dict())}
+
+
+def test_opacus_spend_refuses_a_loader_past_the_search_plan_before_the_first_step():
+    engine, model, optimizer, loader = make_private(noise_multiplier=1.3)
+    steps = 2 * len(loader)
+    right = opacus_plan(dataset_size=N, batch_size=BATCH, epochs=2)(1.3)
+    assert OpacusSpend(engine, optimizer, loader, steps=steps, config=config_for(right)).plan == right
+    assert OpacusSpend(engine, optimizer, loader, steps=steps, config={}).plan == right  # no search plan: no check
+    train_and_validation = opacus_plan(dataset_size=N + 60, batch_size=BATCH, epochs=2)(1.3)
+    with pytest.raises(RefusedBeforeTraining, match=r"sample_rate 0\.0769231 \(larger than the plan's 0\.0588235\)"):
+        OpacusSpend(engine, optimizer, loader, steps=steps, config=config_for(train_and_validation))
+    with pytest.raises(RefusedBeforeTraining, match=r"noise_multiplier 1\.3 \(smaller than the plan's 1\.5\)"):
+        OpacusSpend(
+            engine,
+            optimizer,
+            loader,
+            steps=steps,
+            config=config_for(opacus_plan(dataset_size=N, batch_size=BATCH, epochs=2)(1.5)),
+        )
+    with pytest.raises(RefusedBeforeTraining, match="steps 39 .more than the plan's 26."):
+        OpacusSpend(engine, optimizer, loader, steps=3 * len(loader), config=config_for(right))
+    x, y = next(iter(loader))
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()  # one step ran: no longer "before training"
+    with pytest.raises(PrivacyError, match="Steps have already run") as raised:
+        OpacusSpend(engine, optimizer, loader, steps=steps, config=config_for(train_and_validation))
+    assert not isinstance(raised.value, RefusedBeforeTraining)
+
+
 def test_the_byo_example_runs_a_private_search_within_budget(ray_session, tmp_path):
     """The example's plain Opacus loop through private_tuner: every trial ran its plan, ε within budget."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
@@ -161,3 +194,48 @@ def test_the_byo_example_runs_a_private_search_within_budget(ray_session, tmp_pa
     assert released.score == max(result.metrics["val_acc"] for result in results)
     shown = repr(released)  # a short summary, not the guarantee's curve of hundreds of orders
     assert f"ε={released.guarantee['epsilon']:.4g}, δ=1e-05" in shown and "orders" not in shown and len(shown) < 400
+
+
+def test_a_loop_planned_on_train_plus_validation_is_refused_before_any_step_and_spends_nothing(ray_session, tmp_path):
+    """The commonest slip of a loop of one's own: every trial stops before its first step; the search is free."""
+    from ray import tune
+
+    from ray_dptune import PointMass, RandomCountSearcher, private_tuner
+    from ray_dptune.records.ledger import PrivacyLedger
+
+    side = tmp_path / "steps"
+
+    def loop(config):
+        engine, model, optimizer, loader = make_private(noise_multiplier=config["noise_multiplier"])
+        spend = OpacusSpend(engine, optimizer, loader, steps=2 * len(loader), config=config)
+        for x, y in loader:
+            with open(side, "a") as file:
+                file.write("step\n")  # before every optimizer step: what the test reads
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        tune.report({"score": 0.5, **spend.report()})
+
+    ledger = PrivacyLedger(tmp_path / "ledger.db")
+    tuner = private_tuner(
+        loop,
+        param_space={"lr": tune.uniform(0.01, 0.1)},
+        epsilon=2.0,
+        delta=DELTA,
+        searcher=RandomCountSearcher(PointMass(3), metric="score", mode="max", seed=0),
+        plan_for=opacus_plan(dataset_size=N + 60, batch_size=BATCH, epochs=2),  # train + validation
+        tune_config=tune.TuneConfig(max_concurrent_trials=2),
+        run_config=tune.RunConfig(name="slip", storage_path=str(tmp_path), verbose=0),
+        ledger=ledger,
+        dataset="synthetic",
+        verbose=False,
+    )
+    with pytest.raises(Exception, match="refused before its first training step: .*sample_rate 0.0769231"):
+        tuner.fit()
+    assert not side.exists()  # no training step ran
+    with open(tmp_path / "slip" / "privacy_report.json") as file:
+        report = json.load(file)
+    assert report["guarantee"]["epsilon"] == 0.0 and "refused before any training step" in report["guarantee"]["reason"]
+    attempts = [attempt for trial in report["trials"].values() for attempt in trial["attempts"]]
+    assert attempts and all(attempt["untrained"] for attempt in attempts if attempt.get("started"))
+    assert ledger.dataset_epsilon("synthetic", delta=DELTA) == 0.0

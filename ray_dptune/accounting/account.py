@@ -174,6 +174,7 @@ class SearchAccount:
                 self._new_attempt(trial_id, bool(event["accounted"]), "started", units)
             elif trial.last == "suggested":
                 self._set_state(trial_id, "started")
+                trial.attempts[-1]["started"] = True
             else:
                 if trial.last in LIVE_STATES:  # restarted without an error event: interrupted
                     self._set_state(trial_id, "unknown")
@@ -202,6 +203,8 @@ class SearchAccount:
                     attempt["retry"] = True  # Tune re-runs the trial: this attempt is charged from now on
                 if event.get("refused"):
                     attempt["refused"] = str(event["refused"])  # a retry the budget could not pay for
+                if event.get("untrained") and attempt["spent"] is None:
+                    attempt["untrained"] = str(event["untrained"])  # refused before its first training step
                 self._count(trial, +1)
         else:
             raise ValueError(f"Unknown account event {kind!r}.")
@@ -265,12 +268,45 @@ class SearchAccount:
             extra_charges: that many more attempts composed at the plan (headroom for retries).
         """
         charged = self._charged(if_stopped_now=if_stopped_now, extra_charges=extra_charges)
+        if self.refused_before_training() and not extra_charges:
+            return self._untouched()
         return self._guarantee(max(charged, self.reserved_reruns), charged)
 
     def spent(self, *, if_stopped_now: bool = False) -> Guarantee:
         """What the attempts charged so far compose to: the operator's odometer, at most the stated guarantee."""
         charged = self._charged(if_stopped_now=if_stopped_now, extra_charges=0)
+        if self.refused_before_training():
+            return self._untouched()
         return self._guarantee(charged, charged)
+
+    def refused_before_training(self) -> bool:
+        """True when the search ended without touching the data: a trial was refused before its first training step
+        (:class:`~ray_dptune.errors.RefusedBeforeTraining`) and no other attempt ever started.
+
+        Its whole output is then a function of public inputs (the code, the configurations the
+        searcher drew before any result, the training set's size every plan already assumes), so
+        the search is (0, 0)-DP. O(trials); read when a search has ended.
+        """
+        if self.ended is None or self.selections or self.releases or self.mechanism.kind == "release":
+            return False
+        attempts = [attempt for trial in self.trials.values() if trial.accounted for attempt in trial.attempts]
+        started = [attempt for attempt in attempts if attempt.get("started")]
+        return bool(started) and all(attempt.get("untrained") for attempt in started)
+
+    def running(self) -> int:
+        """Accounted attempts started and not yet ended (what a stopping search waits for)."""
+        return sum(1 for trial in self.trials.values() if trial.accounted and trial.last in ("started", "reporting"))
+
+    def _untouched(self) -> Guarantee:
+        reason = next(
+            attempt["untrained"]
+            for trial in self.trials.values()
+            for attempt in trial.attempts
+            if attempt.get("untrained")
+        )
+        return Guarantee(
+            0.0, self.delta, RDPCurve.zero(), 0, reason=f"refused before any training step touched the data: {reason}"
+        )
 
     def _charged(self, *, if_stopped_now: bool, extra_charges: int) -> int:
         if extra_charges < 0:
@@ -434,6 +470,8 @@ class SearchAccount:
         trial = self.trials.setdefault(trial_id, _Trial(accounted))
         self._count(trial, -1)
         trial.attempts.append({"state": state, "spent": None, "units": units})
+        if state == "started":
+            trial.attempts[-1]["started"] = True  # it may touch the data from now on
         if units:
             assert self._budget is not None  # units are charged only in a halving search (_units_added)
             self._budget.add(trial_id, units, bracket=bracket)

@@ -161,6 +161,11 @@ class SearchBudget:
         shown = "n/a (no trial reported a plan)" if epsilon is None else f"{epsilon:.4g}"
         where = f"report: {path or 'not written (no trial ran; pass report_path=)'}"
         over = not self.held()
+        if account.refused_before_training():
+            return (
+                f"search REFUSED before any training step: {reason}. No attempt touched the data: the search spent "
+                f"nothing (ε = 0). Fix the trainable and run the search again; {where}"
+            )
         if complete and not over and (account.trials_completed or not account.trials):
             return f"search done: (ε = {shown}, δ = {account.delta:g}) for the whole search; {where}"
         if complete and not over:

@@ -127,6 +127,7 @@ class PrivateSearcher(Searcher):
         self._space: dict[str, Any] | None = None
         self._suggested: dict[str, Any] = {}
         self._num_trials = 0
+        self._held = False
 
     @property
     def num_trials(self) -> int:
@@ -171,6 +172,10 @@ class PrivateSearcher(Searcher):
     def restore_refusal(self) -> PrivacyError | None:
         """Why the last restore was refused (Tune swallows the error and restarts the experiment)."""
         return getattr(self, "_restore_refusal", None)
+
+    def hold(self) -> None:
+        """Suggests nothing more in this run (the search is stopping; the trials already started may end)."""
+        self._held = True
 
     def attach_recorder(self, recorder: Callable[[Mapping[str, Any]], None] | None) -> None:
         """Sets where this searcher's write-ahead events go (the accountant callback's journal)."""
@@ -223,6 +228,8 @@ class PrivateSearcher(Searcher):
         """The next configuration (recorded before it is returned), None to wait, or FINISHED after K."""
         if self._done():
             return Searcher.FINISHED
+        if self._held:
+            return None
         name = type(self).__name__
         if self.needs_space and self._space is None:
             raise RuntimeError(f"{name} has no search space: pass `space=` to it or `param_space=` to tune.Tuner.")

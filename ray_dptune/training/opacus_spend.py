@@ -3,10 +3,16 @@
 A training loop that already uses Opacus adds three lines::
 
     from ray_dptune.training import OpacusSpend
-    spend = OpacusSpend(engine, optimizer, train_loader, steps=epochs * len(train_loader))
+    spend = OpacusSpend(engine, optimizer, train_loader, steps=epochs * len(train_loader), config=config)
     tune.report({"val_acc": acc, **spend.report()})        # in every report
 
 What the account trusts and what it checks:
+
+* **Before the first step**: with ``config=`` of a trial of :func:`~ray_dptune.private_tuner`,
+  the loader's sampling rate, σ and ``steps`` are checked against the search's plan
+  (``config["dp_search_plan"]``); a plan they exceed (e.g. ``opacus_plan`` given the train +
+  validation size) raises :class:`~ray_dptune.errors.RefusedBeforeTraining` before any data
+  is touched, and the search stops having spent nothing.
 
 * **Read, not typed**: the steps, noise multipliers and sample rates come from the
   engine's own accountant history (Opacus appends one ``(σ, q, steps)`` entry per
@@ -25,8 +31,9 @@ What the account trusts and what it checks:
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opacus.accountants import IAccountant
@@ -36,9 +43,9 @@ from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSample
 
 from ray_dptune import validate
 from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.spend import TrialSpend
-from ray_dptune.errors import PrivacyError
-from ray_dptune.result_keys import PLAN_KEY, SPENT_KEY
+from ray_dptune.accounting.spend import TrialSpend, describe_excess, parse_report, report_covers
+from ray_dptune.errors import PrivacyError, RefusedBeforeTraining
+from ray_dptune.result_keys import PLAN_KEY, SEARCH_PLAN_KEY, SPENT_KEY
 
 __all__ = ["OpacusSpend", "opacus_plan"]
 
@@ -55,14 +62,25 @@ class OpacusSpend:
         data_loader: the loader ``make_private`` returned (Poisson sampling).
         steps: the most optimizer steps this run will take (the plan), e.g.
             ``epochs * len(data_loader)``.
+        config: the trial's config; when it holds the search's plan (``"dp_search_plan"``, set by
+            :func:`~ray_dptune.private_tuner`), this run's plan is checked against it here.
 
     Raises:
+        RefusedBeforeTraining: this run's plan exceeds the search's, and no step has run yet.
         PrivacyError: a configuration the account cannot bound (see the module docstring).
         TypeError: ``optimizer`` is not an Opacus ``DPOptimizer``.
         ValueError: ``steps`` is not a non-negative integer.
     """
 
-    def __init__(self, engine: Any, optimizer: DPOptimizer, data_loader: Any, *, steps: int):
+    def __init__(
+        self,
+        engine: Any,
+        optimizer: DPOptimizer,
+        data_loader: Any,
+        *,
+        steps: int,
+        config: Mapping[str, Any] | None = None,
+    ):
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(f"optimizer must be the DPOptimizer make_private returned, got {type(optimizer).__name__}.")
         if isinstance(optimizer, AdaClipDPOptimizer):
@@ -89,6 +107,23 @@ class OpacusSpend:
             noise_multiplier=float(optimizer.noise_multiplier),
             steps=validate.integer("steps", steps),
         )
+        if config is not None and SEARCH_PLAN_KEY in config:
+            self._check_search_plan(json.loads(config[SEARCH_PLAN_KEY]))
+
+    def _check_search_plan(self, search_plan: dict[str, Any]) -> None:
+        """Raises before the first step when this run may spend past the plan the search was calibrated for."""
+        if report_covers(search_plan, self._plan.to_dict()):
+            return
+        excess = describe_excess(search_plan, self._plan.to_dict())
+        message = (
+            f"This trial's Opacus run may spend past the search's plan: {excess}. Its plan: {self._plan}; the "
+            f"search's: {parse_report(search_plan)}. Check opacus_plan(dataset_size=n, batch_size=B, epochs=E) against the loop: "
+            "n is the training split's size (not train + validation), B the DataLoader's batch_size, and steps= "
+            "E * len(loader) of the loader make_private returned."
+        )
+        if self._accountant.history:
+            raise PrivacyError(message + " Steps have already run: they are charged as they ran.")
+        raise RefusedBeforeTraining(message + " Refused before the first training step: nothing was spent.")
 
     @property
     def plan(self) -> TrialSpend:

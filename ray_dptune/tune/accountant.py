@@ -17,7 +17,7 @@ from ray_dptune.accounting.budget import SearchBudget
 from ray_dptune.accounting.guarantee import Guarantee
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.spend import TrialSpend, describe_excess, read_trial_reports, report_covers
-from ray_dptune.errors import BudgetExceededError, PrivacyError
+from ray_dptune.errors import BudgetExceededError, PrivacyError, RefusedBeforeTraining
 from ray_dptune.records.journal import SearchJournal, journal_location
 from ray_dptune.records.ledger import LedgerEntry, PrivacyLedger
 from ray_dptune.records.report import PrivacyReport, searcher_report, write_search_report
@@ -29,6 +29,7 @@ from ray_dptune.tune.guard import (
     check_scheduler,
     check_stop,
     end_trial_in_error,
+    refusal_before_training,
     require_selection_rule,
     running_controller,
     stopped_by_rule,
@@ -316,11 +317,22 @@ class PrivacyAccountantCallback(Callback):
         )
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if isinstance(self._violation, RefusedBeforeTraining) and self._account.running():
+            return  # stopping them now would leave attempts that may have trained: let them end first
         if self._violation is not None:
             raise self._violation
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._record({"type": "failed", "trial_id": trial.trial_id})
+        refusal = refusal_before_training(trial)
+        if refusal is None:
+            self._record({"type": "failed", "trial_id": trial.trial_id})
+            return
+        # The account honours it only for an attempt that never reported: one that did has touched the data.
+        self._record({"type": "failed", "trial_id": trial.trial_id, "untrained": refusal})
+        self._searcher.hold()  # the trials already started end (they likely refuse alike), then the search stops
+        self._violation = self._violation or RefusedBeforeTraining(
+            f"Trial {trial.trial_id} was refused before its first training step: {refusal}"
+        )
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Tune re-queued the failed trial: the failed attempt is charged now, before the retry can start."""

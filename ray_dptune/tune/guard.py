@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import pickle
 from typing import Any
 
 from ray import tune
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from ray_dptune.accounting.spend import report_covers
-from ray_dptune.errors import PrivacyError
+from ray_dptune.errors import PrivacyError, RefusedBeforeTraining
 from ray_dptune.result_keys import PLAN_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of
 from ray_dptune.tune.private_asha import PrivateASHAScheduler
@@ -22,6 +23,7 @@ __all__ = [
     "check_stop",
     "end_trial_in_error",
     "private_tune_config",
+    "refusal_before_training",
     "require_selection_rule",
     "running_controller",
     "stopped_by_rule",
@@ -229,6 +231,24 @@ def end_trial_in_error(trial: Any, error: Exception) -> None:
     controller.stop_trial(trial)
     controller._set_trial_status(trial, Trial.ERROR)
     trial.handle_error(error)
+
+
+def refusal_before_training(trial: Any) -> str | None:
+    """The message of the :class:`~ray_dptune.errors.RefusedBeforeTraining` the trial raised, else None.
+
+    Read from the error Tune has just pickled beside the driver (``Trial.handle_error`` writes it
+    there before the callbacks run; the storage copy is synced later): a ``RayTaskError`` whose
+    ``cause`` is the trainable's exception. An error that cannot be read is not a refusal.
+    """
+    from ray import cloudpickle
+
+    try:
+        with open(trial.pickled_error_file, "rb") as file:
+            error = cloudpickle.load(file)
+    except (OSError, TypeError, EOFError, AttributeError, ImportError, pickle.UnpicklingError):  # an ordinary failure
+        return None
+    cause = getattr(error, "cause", error)
+    return str(cause) if isinstance(cause, RefusedBeforeTraining) else None
 
 
 def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> tune.TuneConfig:

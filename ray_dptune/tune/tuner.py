@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_e
 from ray_dptune.accounting.distributions import RunCountDistribution
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
+from ray_dptune.result_keys import SEARCH_PLAN_KEY
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
@@ -65,6 +67,12 @@ def private_tuner(
     interrupted trial on ``Tuner.restore`` costs one more run composed at the plan, so σ is
     calibrated with ``retries`` of them reserved, and a re-run beyond them is refused. A
     search that does not finish is incomplete and is not released.
+
+    Mistakes are refused before any trial trains: no selection rule, a ``metric`` the
+    ``dp_trainable`` does not report; for a loop of your own, the plan is put into every
+    config (``"dp_search_plan"``) and ``OpacusSpend(..., config=config)`` refuses a loader,
+    σ or step count past it before the first step
+    (:class:`~ray_dptune.errors.RefusedBeforeTraining`: the search stops, ε = 0).
 
     Args:
         trainable: a :func:`~ray_dptune.training.dp_trainable` built without ``noise_multiplier``.
@@ -127,8 +135,10 @@ def private_tuner(
         trainable = trainable.with_audit(audit)  # before planning: the canaries change the training set's size
     if plan_for is not None and isinstance(searcher, ConstantOverheadSearcher):
         raise ValueError("ConstantOverheadSearcher's trials are planned by a dp_trainable; plan_for= is not supported.")
-    if NOISE_KEY in param_space:
-        raise ValueError(f"param_space must not set {NOISE_KEY!r}: private_tuner calibrates it for the budget.")
+    for key in (NOISE_KEY, SEARCH_PLAN_KEY):
+        if key in param_space:
+            raise ValueError(f"param_space must not set {key!r}: private_tuner sets it from the budget.")
+    _check_reported_metric(trainable, searcher.metric)
     if not param_space and searcher.needs_space:
         raise ValueError(
             f"param_space is empty: {type(searcher).__name__} draws every trial's hyperparameters from it. Give the "
@@ -141,6 +151,7 @@ def private_tuner(
     max_failures = _max_failures(run_config)
     check_retries(max_failures, searcher)
     retries = _reserved_retries(retries, max_failures, mechanism)
+    own_loop = plan_for is not None
     plan_for = plan_for or _plan_factory(trainable, dict(param_space), searcher)
     sigma = calibrate_noise_multiplier(
         plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic, retries=retries
@@ -169,9 +180,12 @@ def private_tuner(
         audit=None if audit is None else audit.journal_record(),
         reserved_reruns=retries,
     )
+    constants: dict[str, Any] = {NOISE_KEY: sigma}
+    if own_loop:  # OpacusSpend(..., config=config) checks its loader against it before the first step
+        constants[SEARCH_PLAN_KEY] = json.dumps(plan.to_dict())
     return tune.Tuner(
         trainable,
-        param_space={**param_space, NOISE_KEY: sigma},
+        param_space={**param_space, **constants},
         tune_config=tuning,
         run_config=_run_config(run_config, accountant),
     )
@@ -182,6 +196,18 @@ def _check_budget(epsilon: float, delta: float) -> None:
         raise ValueError(f"epsilon must be a finite number > 0 (the whole search's budget), got {epsilon!r}.")
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}.")
+
+
+def _check_reported_metric(trainable: Any, metric: str | None) -> None:
+    """A ``dp_trainable`` reports one score under a name fixed when it was built: a search selecting on
+    another name would fail at the first report, after a trial trained; refused here instead."""
+    reported = getattr(getattr(trainable, "spec", None), "metric", None)
+    if metric is not None and isinstance(reported, str) and metric != reported:
+        raise ValueError(
+            f"metric={metric!r}, but the trainable reports its validation accuracy as {reported!r} "
+            f"(dp_trainable(..., metric={reported!r})): select on metric={reported!r}, or build the trainable with "
+            f"metric={metric!r}."
+        )
 
 
 def _max_failures(run_config: tune.RunConfig | None) -> int:
