@@ -82,6 +82,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=None, help="seed K and the configs (default: secure)")
     parser.add_argument(
+        "--resume",
+        metavar="FOLDER",
+        default=None,
+        help="finish an interrupted search: tune.Tuner.restore(FOLDER, ...) with the trainable these flags build "
+        "(give the same --epochs, --batch-size and --audit as its first run)",
+    )
+    parser.add_argument(
         "--audit",
         type=int,
         default=0,
@@ -98,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpus_per_trial:
         trainable = tune.with_resources(trainable, {"cpu": 1, "gpu": args.gpus_per_trial})
 
+    if args.resume:
+        return resume(args, trainable)
+
     # 2. The budget of the WHOLE search in, a calibrated tune.Tuner out. The experiment folder is Tune's:
     #    <storage path>/<name>, kept after the run (results, checkpoints, privacy_report.json).
     name = args.name or time.strftime(NAME_FORMAT)  # a new folder each run, as Tune names its own
@@ -106,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     experiment = os.path.join(run_config.storage_path, name)
     if os.path.isdir(experiment) and os.listdir(experiment):  # before Tune writes a second run's state into it
         raise SystemExit(
-            f"{experiment} already holds a search: give this one another --name, or resume that one with "
-            f'tune.Tuner.restore("{experiment}", trainable, resume_unfinished=True).'
+            f"{experiment} already holds a search: give this one another --name, or finish that one with "
+            f"{resume_command(experiment, args)}"
         )
     print(f"Experiment folder (kept): {experiment}", flush=True)
     ray.init(log_to_driver=False)  # keep the trials' own logs in the experiment folder
@@ -125,18 +135,43 @@ def main(argv: list[str] | None = None) -> int:
         audit=audit,  # None, or canaries in every trial's training set: ε_lower beside ε in the report
     )
     results = tuner.fit()
+    planned = trainable if audit is None else trainable.with_audit(audit)  # the canaries enlarge the data
+    return release_and_summarise(results, planned, args)
 
-    # 3. Release only the best trial, with the guarantee of the whole search.
+
+def release_and_summarise(results, trainable, args: argparse.Namespace) -> int:
+    """3. Release only the best trial, with the guarantee of the whole search; then the next steps."""
     try:
         released = release_best(results)
     except PrivacyError as refusal:  # e.g. an interrupted search is incomplete: nothing may be released yet
         print(f"\nNothing released: {refusal}")
-        print_next_steps(results.experiment_path, args.retries, released=False, audited=audit is not None)
+        print_next_steps(results.experiment_path, args, released=False)
         return 1
-    planned = trainable if audit is None else trainable.with_audit(audit)  # the canaries enlarge the data
-    print_summary(released, results, planned, searcher.num_trials, args)
-    print_next_steps(results.experiment_path, args.retries, released=True, audited=audit is not None)
+    with open(os.path.join(results.experiment_path, REPORT_FILE)) as file:
+        num_trials = json.load(file)["num_trials_planned"]
+    print_summary(released, results, trainable, num_trials, args)
+    print_next_steps(results.experiment_path, args, released=True)
     return 0
+
+
+def resume(args: argparse.Namespace, trainable) -> int:
+    """Finishes the interrupted search in ``args.resume``: Tune's restore, the account rebuilt from its journal."""
+    experiment = os.path.abspath(os.path.expanduser(args.resume))
+    if args.audit:  # the same canaries as the first run, from the journal's commitment
+        trainable = trainable.with_audit(CanaryAudit.from_journal(experiment))
+    ray.init(log_to_driver=False)
+    results = tune.Tuner.restore(experiment, trainable, resume_unfinished=True).fit()
+    return release_and_summarise(results, trainable, args)
+
+
+def resume_command(experiment: str, args: argparse.Namespace) -> str:
+    """The command that finishes the search in ``experiment``: this script, the flags that build its trainable."""
+    flags = f"--resume {experiment} --epochs {args.epochs} --batch-size {args.batch_size}"
+    if args.audit:
+        flags += f" --audit {args.audit}"
+    if args.gpus_per_trial:
+        flags += f" --gpus-per-trial {args.gpus_per_trial:g}"
+    return f"{sys.executable} {os.path.abspath(__file__)} {flags}"
 
 
 def print_summary(released, results, trainable, num_trials: int, args: argparse.Namespace) -> None:
@@ -174,7 +209,7 @@ def print_summary(released, results, trainable, num_trials: int, args: argparse.
             )
 
 
-def print_next_steps(experiment: str, retries: int, *, released: bool, audited: bool = False) -> None:
+def print_next_steps(experiment: str, args: argparse.Namespace, *, released: bool) -> None:
     """Where the receipt is, and what to do with the experiment folder next (a few lines)."""
     report = os.path.join(experiment, REPORT_FILE)
     print()
@@ -190,15 +225,16 @@ def print_next_steps(experiment: str, retries: int, *, released: bool, audited: 
     print("Stays with you: the privacy report, the journal and Tune's files (K, every trial and score).")
     print(f"Privacy report: {report}")
     print(f"  {cli} journal {experiment}   # what the journal proves the search spent")
-    if released and audited:
+    if released and args.audit:
         print(f"  {cli} audit {experiment}     # ε_lower beside the proven ε")
-    restored = f'trainable.with_audit(CanaryAudit.from_journal("{experiment}"))' if audited else "trainable"
-    print(
-        f'  interrupted? tune.Tuner.restore("{experiment}", {restored}, resume_unfinished=True)'
-        f"   # re-runs unfinished trials, each charged its plan: {retries} reserved (--retries)"
-    )
+    if not released:
+        with open(report) as file:
+            reserved = json.load(file)["guarantee"].get("reserved_reruns", 0)
+        print(f"  interrupted? {resume_command(experiment, args)}")
+        print(f"    (tune.Tuner.restore: re-runs unfinished trials, each charged its plan; {reserved} reserved)")
     if released:
-        print(f'  ray_dptune.release_best("{experiment}", purge=True)   # deletes the unreleased trials\' results')
+        purge = f"from ray_dptune import release_best; release_best({experiment!r}, purge=True)"
+        print(f'  {sys.executable} -c "{purge}"   # deletes the unreleased trials\' results')
 
 
 if __name__ == "__main__":

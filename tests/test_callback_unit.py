@@ -185,6 +185,29 @@ def test_a_failed_run_is_covered_and_its_retry_is_charged_before_it_can_start():
     assert not roomy.report().complete and roomy.report().trials["t1"]["state"] == "refused"
 
 
+def test_a_retry_refused_in_a_run_leaves_the_refusal_as_the_trial_s_error(tmp_path, monkeypatch):
+    from ray import cloudpickle
+
+    from ray_dptune import BudgetExceededError
+    from ray_dptune.tune import guard
+
+    steps = []
+    controller = SimpleNamespace(
+        stop_trial=lambda trial: steps.append("stopped"), _set_trial_status=lambda trial, status: steps.append(status)
+    )
+    monkeypatch.setattr(guard, "running_controller", lambda: controller)
+    error_file = tmp_path / "error.pkl"
+    error_file.write_bytes(cloudpickle.dumps(RuntimeError("the crash")))  # what Tune pickled from the worker
+    trial = SimpleNamespace(
+        trial_id="t1", config={}, pickled_error_file=str(error_file), handle_error=lambda e: steps.append("handled")
+    )
+    accountant = capped(k=1, room=0)
+    accountant.on_trial_start(0, [], trial)
+    accountant.on_trial_recover(0, [], trial)  # Tune would retry it: no room, so the trial ends in error
+    assert steps == ["stopped", "ERROR", "handled"]
+    assert isinstance(cloudpickle.loads(error_file.read_bytes()), BudgetExceededError)  # Result.error
+
+
 def test_targets_are_validated_where_they_are_given():
     searcher = RandomCountSearcher(PointMass(2), seed=0)
     for bad in (0, -1.0, float("inf"), float("nan")):
@@ -246,3 +269,20 @@ def test_the_cap_is_exact_at_its_edge(scale, admitted):
     else:
         with pytest.raises(BudgetExceededError):
             accountant.on_trial_recover(0, [], TRIAL)
+
+
+def test_report_times_are_iso_utc_and_a_previous_schema_s_unix_seconds_read_as_such():
+    import datetime
+
+    from ray_dptune.records.report import PrivacyReport
+
+    accountant = capped(k=1, room=0)
+    accountant.setup()
+    report = accountant.report()
+    for moment in (report.started_at, report.ended_at):
+        parsed = datetime.datetime.fromisoformat(moment)
+        assert parsed.tzinfo == datetime.timezone.utc
+        assert abs((datetime.datetime.now(datetime.timezone.utc) - parsed).total_seconds()) < 60
+    older = {**report.to_dict(), "schema_version": 3, "started_at": 0.0, "ended_at": 86400.5}
+    read = PrivacyReport.from_dict(older)
+    assert (read.started_at, read.ended_at) == ("1970-01-01T00:00:00+00:00", "1970-01-02T00:00:00+00:00")

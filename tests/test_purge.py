@@ -9,6 +9,7 @@ unpickled and walked.
 """
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -201,6 +202,10 @@ def test_purge_leaves_no_unreleased_score_metric_or_config(tmp_path, monkeypatch
     # operator (the accountant's record); every other copy must be gone.
     assert_only_the_release_remains(folder, released, secrets, exempt={REPORT_FILE})
     assert leaks(folder, secrets - {r.config[k] for r in results for k in r.config}) == []
+    again = release_best(folder, purge=True)  # the quickstart's printed line, run a second time
+    assert os.path.normpath(again.checkpoint_path) == os.path.normpath(released.checkpoint_path)
+    assert dataclasses.replace(again, checkpoint_path=None) == dataclasses.replace(released, checkpoint_path=None)
+    assert_only_the_release_remains(folder, again, secrets, exempt={REPORT_FILE})
 
 
 @RAY

@@ -35,7 +35,7 @@ def test_the_report_stays_at_the_printed_path(tmp_path):
     assert Path(printed) == storage / "run" / "privacy_report.json"
     assert Path(printed).is_file()  # after the process exited: nothing deleted it
     assert f"journal {storage / 'run'}" in process.stdout
-    assert "purge=True" in process.stdout and "resume_unfinished=True" in process.stdout
+    assert "purge=True" in process.stdout
     (published,) = re.findall(r"^May be published: the released model and (\S+)$", process.stdout, re.MULTILINE)
     statement = json.loads(Path(published).read_text())
     assert statement["guarantee"]["epsilon"] == pytest.approx(
@@ -44,6 +44,26 @@ def test_the_report_stays_at_the_printed_path(tmp_path):
     assert "num_trials" not in json.dumps(statement) and "Stays with you" in process.stdout
     (cli,) = re.findall(r"^  (\S+) journal ", process.stdout, re.MULTILINE)
     assert cli == "ray-dptune" or os.path.isabs(cli)  # pastes from any folder
+    released = re.findall(r"^Released trial: (.+)$", process.stdout, re.MULTILINE)
+
+    resumed = subprocess.run(  # a finished search restored: nothing runs again, the same trial is released
+        [sys.executable, str(QUICKSTART), "--resume", str(storage / "run"), "--epochs", "1"],
+        check=False,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.findall(r"^Released trial: (.+)$", resumed.stdout, re.MULTILINE) == released
+    (purge,) = re.findall(r"^  (\S+ -c .+)   # deletes the unreleased", process.stdout, re.MULTILINE)
+    for _ in range(2):  # the printed line pastes from any folder, and a second run finds the same release
+        subprocess.run(purge, shell=True, check=True, cwd=tmp_path, capture_output=True, env=environment)
+    left = set(os.listdir(storage / "run"))
+    assert {"privacy_report.json", "public_statement.json"} <= left and not any(
+        name.startswith("experiment_state") for name in left
+    )
 
 
 def test_an_experiment_folder_in_use_is_refused_before_ray_starts(tmp_path):
@@ -55,3 +75,6 @@ def test_an_experiment_folder_in_use_is_refused_before_ray_starts(tmp_path):
     with pytest.raises(SystemExit, match="already holds a search"):
         quickstart.main(["--storage-path", str(tmp_path), "--name", "run"])
     assert quickstart.parse_args([]).name is None  # the default name is a new timestamped folder each run
+    command = quickstart.resume_command("/data/run", quickstart.parse_args(["--epochs", "3", "--audit", "50"]))
+    assert command.split()[:2] == [sys.executable, str(QUICKSTART)]
+    assert command.endswith("--resume /data/run --epochs 3 --batch-size 64 --audit 50")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import time
 import uuid
@@ -24,8 +25,8 @@ __all__ = [
 ]
 
 REPORT_FILE = "privacy_report.json"
-REPORT_VERSION = 3
-READABLE_VERSIONS = (2, 3)
+REPORT_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
 """Version 2 reports (before targets and completeness were recorded) still read; see :meth:`PrivacyReport.from_dict`."""
 _VERSIONED = ("ray_dptune", "ray", "torch", "opacus", "dp-accounting")
 _WITHHELD = "withheld: chosen from results the guarantee does not release"
@@ -82,8 +83,8 @@ class PrivacyReport:
     ledger: dict[str, Any] | None
     journal: str | None
     restores: int
-    started_at: float | None
-    ended_at: float | None
+    started_at: str | None
+    ended_at: str | None
     versions: dict[str, str | None]
     curve: dict[str, Any] | None
     audit: dict[str, Any] | None = None
@@ -95,8 +96,9 @@ class PrivacyReport:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> PrivacyReport:
-        """Reads this version's reports and version 2's (their curve inside ``guarantee``, no target:
-        they were written at the end of a search of unknown completeness, so they read as incomplete)."""
+        """Reads this version's reports, version 3's (times in Unix seconds) and version 2's (their curve
+        inside ``guarantee``, no target: written at the end of a search of unknown completeness, they read
+        as incomplete)."""
         version = record.get("schema_version")
         if version not in READABLE_VERSIONS:
             raise PrivacyError(
@@ -104,6 +106,10 @@ class PrivacyReport:
                 f"{READABLE_VERSIONS}. Read it with the version that wrote it."
             )
         record = dict(record)
+        if version in (2, 3):  # times as Unix seconds
+            for key in ("started_at", "ended_at"):
+                if isinstance(record.get(key), (int, float)):
+                    record[key] = iso_time(record[key])
         if version == 2:
             guarantee = dict(record["guarantee"])
             record.update(
@@ -178,12 +184,17 @@ def searcher_report(
         ledger=ledger,
         journal=journal,
         restores=account.restores,
-        started_at=started_at,
-        ended_at=time.time(),
+        started_at=None if started_at is None else iso_time(started_at),
+        ended_at=iso_time(time.time()),
         versions=_versions(),
         curve=curve,
         audit=audit,
     )
+
+
+def iso_time(seconds: float) -> str:
+    """Unix seconds as an ISO 8601 UTC time, to the second."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _final_state(attempts: list[dict[str, Any]]) -> str:

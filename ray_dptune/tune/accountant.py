@@ -343,6 +343,8 @@ class PrivacyAccountantCallback(Callback):
             end_trial_in_error(trial, refusal)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
+        for trial in trials:  # those an earlier driver started: Tune's restored state has their configs
+            self._configs.setdefault(trial.trial_id, _jsonable(trial.config))
         for trial_id, record in list(self._account.trials.items()):
             if record.last in LIVE_STATES:  # stopped by this driver before it ended: Ctrl-C, time budget, an error
                 self._record({"type": "interrupted", "trial_id": trial_id})

@@ -220,9 +220,12 @@ def end_trial_in_error(trial: Any, error: Exception) -> None:
     """Ends a trial Tune has re-queued (PENDING) in ERROR with ``error``, from inside a callback of the run.
 
     Tune's ``stop_trial`` takes it out of scheduling and tells the searcher; the status setter
-    Tune lends its schedulers marks it ERROR, and ``handle_error`` writes ``error`` to its error
-    file, so ``ResultGrid`` shows why. Outside a Tune run, ``error`` is raised.
+    Tune lends its schedulers marks it ERROR, and ``handle_error`` appends ``error`` to its error
+    file. Tune pickles only a worker's errors, so ``error`` is pickled here in place of the crash
+    it replaces: ``ResultGrid``'s ``Result.error`` is then ``error``. Outside a Tune run, ``error``
+    is raised.
     """
+    from ray import cloudpickle
     from ray.tune.experiment import Trial
 
     controller = running_controller()
@@ -231,6 +234,9 @@ def end_trial_in_error(trial: Any, error: Exception) -> None:
     controller.stop_trial(trial)
     controller._set_trial_status(trial, Trial.ERROR)
     trial.handle_error(error)
+    if trial.pickled_error_file is not None:
+        with open(trial.pickled_error_file, "wb") as file:
+            cloudpickle.dump(error, file)
 
 
 def refusal_before_training(trial: Any) -> str | None:

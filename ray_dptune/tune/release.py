@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import posixpath
@@ -98,8 +99,9 @@ def release_best(
             ``searcher-state-*.pkl``, ``callback-states-*.pkl``, ``search_gen_state-*.json``,
             ``basic-variant-state-*.json``, ``tuner.pkl``), which would otherwise keep the
             unreleased trials' scores and (for adaptive searchers) configurations. The
-            experiment can then no longer be restored with ``Tuner.restore`` nor read
-            again by path: keep the returned :class:`ReleasedTrial`. Copies Ray keeps
+            experiment can then no longer be restored with ``Tuner.restore``; calling
+            ``release_best`` on its folder again returns the same release, read back from
+            what the purge kept. Copies Ray keeps
             outside the experiment folder (``/tmp/ray/session_*``: driver artifacts,
             worker logs) are not touched; see the README.
 
@@ -117,6 +119,9 @@ def release_best(
         results_or_path = results_or_path.experiment_path
     if isinstance(results_or_path, (str, os.PathLike)):
         filesystem, experiment_path = pyarrow.fs.FileSystem.from_uri(os.fspath(results_or_path))
+        purged = _purged_release(filesystem, experiment_path)
+        if purged is not None:
+            return purged
         trials = tune.ExperimentAnalysis(os.fspath(results_or_path)).trials
     else:
         filesystem, experiment_path = results_or_path.filesystem, results_or_path.experiment_path
@@ -132,7 +137,7 @@ def release_best(
     written = read_report(filesystem, report_path)  # through local, NFS, S3, GCS
     report = written.to_dict()
     _refuse_unreleasable(report, experiment_path)
-    guarantee = {**report["guarantee"], "covers": report["covers"], "target": report["target"]}
+    guarantee = _operator_guarantee(report)
     details = report.get("details") or {}
     if "release" in details:  # the searcher released its own output (DP-BO's λ̃ and ṽ)
         if details["release"] is None:
@@ -170,6 +175,49 @@ def release_best(
         _purge(filesystem, experiment_path, keep, trials, report)
     write_statement(filesystem, f"{experiment_path}/{STATEMENT_FILE}", released.statement or {})
     return released
+
+
+def _operator_guarantee(report: dict[str, Any]) -> dict[str, Any]:
+    """The report's guarantee with what it covers and the target: :attr:`ReleasedTrial.guarantee`."""
+    return {**report["guarantee"], "covers": report["covers"], "target": report["target"]}
+
+
+def _purged_release(filesystem: Any, experiment_path: str) -> ReleasedTrial | None:
+    """The release an earlier ``purge=True`` left in the folder, read back; None if it was not purged.
+
+    Tune's state is gone then; the report names the released trial, the statement its
+    config and score, and the one folder left is its own (the last ``checkpoint_*`` in it).
+    """
+    import pyarrow.fs
+
+    root = _fs_path(experiment_path)
+    entries = filesystem.get_file_info(pyarrow.fs.FileSelector(root, recursive=False, allow_not_found=True))
+    files = {entry.base_name for entry in entries if entry.type == pyarrow.fs.FileType.File}
+    if STATEMENT_FILE not in files or any(name.startswith("experiment_state-") for name in files):
+        return None
+    written = read_report(filesystem, f"{root}/{REPORT_FILE}")
+    with filesystem.open_input_stream(f"{root}/{STATEMENT_FILE}") as stream:
+        statement = json.loads(stream.read())
+    checkpoint = None
+    for folder in (entry for entry in entries if entry.type == pyarrow.fs.FileType.Directory):
+        inside = filesystem.get_file_info(pyarrow.fs.FileSelector(folder.path, recursive=False))
+        checkpoints = sorted(
+            entry.path
+            for entry in inside
+            if entry.type == pyarrow.fs.FileType.Directory and entry.base_name.startswith("checkpoint_")
+        )
+        checkpoint = checkpoints[-1] if checkpoints else None
+    report = written.to_dict()
+    trial_id = written.released_trial_id
+    return ReleasedTrial(
+        statement["released"]["config"],
+        statement["released"]["score"],
+        checkpoint,
+        _operator_guarantee(report),
+        trial_id,
+        (report["trials"].get(trial_id) or {}).get("state") if trial_id else None,
+        statement=statement,
+    )
 
 
 def _purge(filesystem: Any, experiment_path: str, keep: str | None, trials: list, report: dict[str, Any]) -> None:
