@@ -95,3 +95,30 @@ def test_the_cli_shows_what_a_killed_search_spent(tmp_path, capsys):
     assert SearchJournal(tmp_path / JOURNAL_FILE).account().restores == 0  # the CLI wrote nothing
     assert cli(["journal", str(tmp_path)]) == 0
     assert "1 attempt(s) charged" in capsys.readouterr().out
+
+
+def test_each_event_type_is_folded_and_any_other_is_refused():
+    from ray_dptune.accounting.account import EVENT_TYPES
+
+    events = {
+        "plan": {"plan": PLAN.to_dict()},
+        "restored": {},
+        "selection": {},
+        "release": {"release": {}},
+        "ended": {"complete": True},
+        "suggested": {"trial_id": "a", "accounted": True},
+        "started": {"trial_id": "a", "accounted": True},
+        "charged": None,  # a halving search's scheduler only
+        "reported": {"trial_id": "a", "spent": PLAN.to_dict()},
+        "completed": {"trial_id": "a"},
+        "failed": {"trial_id": "a"},
+        "interrupted": {"trial_id": "a"},
+    }
+    assert set(events) == set(EVENT_TYPES)
+    account = SearchAccount(MECHANISM, delta=DELTA)
+    for kind, fields in events.items():
+        if fields is not None:
+            account.apply({"type": kind, **fields})
+    assert account.attempts_of("a")[-1]["state"] == "completed" and account.restores == 1
+    with pytest.raises(ValueError, match="Unknown account event 'bogus'"):
+        account.apply({"type": "bogus"})

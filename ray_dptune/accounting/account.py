@@ -42,16 +42,14 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ray_dptune import validate
 from ray_dptune.accounting.guarantee import Guarantee
-from ray_dptune.accounting.halving_budget import HalvingBudget
 from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.search_mechanism import SearchMechanism
-from ray_dptune.accounting.selection import repeat_and_select
+from ray_dptune.accounting.search_mechanism import SearcherRelease, SearchMechanism
 from ray_dptune.accounting.spend import covering_curve, curve_from_report, parse_report, report_covers
 from ray_dptune.errors import PrivacyError
 
@@ -60,16 +58,38 @@ __all__ = [
     "ATTEMPT_STATES",
     "CHARGING_EVENTS",
     "ENDED_STATES",
+    "EVENT_TYPES",
+    "LIVE_STATES",
+    "AttemptState",
+    "EventType",
     "SearchAccount",
 ]
 
 ACCOUNT_VERSION = 1
-ATTEMPT_STATES = ("suggested", "started", "reporting", "completed", "failed", "interrupted", "unknown")
-LIVE_STATES = frozenset({"suggested", "started", "reporting"})
-ENDED_STATES = frozenset({"completed", "failed", "interrupted"})
+AttemptState = Literal["suggested", "started", "reporting", "completed", "failed", "interrupted", "unknown"]
+"""Where an attempt stands; "unknown": left live by a driver that died."""
+EventType = Literal[
+    "plan",
+    "restored",
+    "selection",
+    "release",
+    "ended",
+    "suggested",
+    "started",
+    "charged",
+    "reported",
+    "completed",
+    "failed",
+    "interrupted",
+]
+"""The events a search's account folds (and its journal holds), each a dict with this ``"type"``."""
+ATTEMPT_STATES: tuple[AttemptState, ...] = get_args(AttemptState)
+EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
+LIVE_STATES: frozenset[AttemptState] = frozenset({"suggested", "started", "reporting"})
+ENDED_STATES: frozenset[AttemptState] = frozenset({"completed", "failed", "interrupted"})
 """A last attempt in one of these ended under a live driver and is covered by the mechanism's bound
 (unless it failed and Tune retries it: ``retry`` in the attempt)."""
-CHARGING_EVENTS = frozenset({"suggested", "started", "failed", "selection", "release", "charged"})
+CHARGING_EVENTS: frozenset[EventType] = frozenset({"suggested", "started", "failed", "selection", "release", "charged"})
 """Events that may add privacy cost before anything runs: a budget admits them first."""
 
 
@@ -79,7 +99,7 @@ class _Trial:
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def last(self) -> str | None:
+    def last(self) -> AttemptState | None:
         return self.attempts[-1]["state"] if self.attempts else None
 
 
@@ -113,12 +133,12 @@ class SearchAccount:
     ):
         if not 0.0 < float(delta) < 1.0:
             raise ValueError(f"delta must lie strictly between 0 and 1, got {delta}.")
-        if mechanism.kind == "release" and mechanism.params["delta"] > float(delta):
+        if isinstance(mechanism, SearcherRelease) and mechanism.delta > float(delta):
             raise PrivacyError(
-                f"The searcher releases at δ = {mechanism.params['delta']:g}, above this search's δ = {float(delta):g}: "
+                f"The searcher releases at δ = {mechanism.delta:g}, above this search's δ = {float(delta):g}: "
                 "lower the searcher's δ or raise the search's."
             )
-        if reserved_reruns and mechanism.kind == "halving":
+        if reserved_reruns and mechanism.pays_by_units:
             raise ValueError("A halving search pays for every attempt from its budget of time units, not by attempts.")
         self.mechanism = mechanism
         self.delta = float(delta)
@@ -134,7 +154,7 @@ class SearchAccount:
         self._coverable = 0  # accounted trials whose last attempt is live or ended (not to be retried)
         self._settled = 0  # accounted trials whose last attempt ended (not to be retried)
         self._trials_completed = 0  # every trial whose last attempt completed
-        self._budget = HalvingBudget(mechanism.params) if mechanism.kind == "halving" else None
+        self._budget = mechanism.budget()
         self.beyond_plan: dict[tuple[str, int], Any] = {}  # (trial, attempt) -> a spend the plan does not cover
         self._cache: dict[tuple[Any, ...], Any] = {}
         if plan is not None:
@@ -143,71 +163,84 @@ class SearchAccount:
     # ------------------------------------------------------------------ events
     def apply(self, event: Mapping[str, Any]) -> None:
         """Folds one event into the account (the journal replays the same events)."""
-        kind = event["type"]
-        if kind == "plan":
-            parse_report(event["plan"])
-            self.plan = dict(event["plan"])
-            return
-        if kind == "restored":
-            self.restores += 1
-            for trial_id, live in self.trials.items():
-                if live.last in LIVE_STATES:
-                    self._set_state(trial_id, "unknown")
-            return
-        if kind == "selection":
-            self.selections += 1
-            return
-        if kind == "release":
-            self.releases.append(dict(event.get("release") or {}))
-            return
-        if kind == "ended":
-            self.ended = {"complete": bool(event["complete"]), "reason": event.get("reason")}
-            return
+        handler = _HANDLERS.get(event["type"])
+        if handler is None:
+            raise ValueError(f"Unknown account event {event['type']!r}; expected one of {EVENT_TYPES}.")
+        handler(self, event)
+
+    def _on_plan(self, event: Mapping[str, Any]) -> None:
+        parse_report(event["plan"])
+        self.plan = dict(event["plan"])
+
+    def _on_restored(self, event: Mapping[str, Any]) -> None:
+        self.restores += 1
+        for trial_id, live in self.trials.items():
+            if live.last in LIVE_STATES:
+                self._set_state(trial_id, "unknown")
+
+    def _on_selection(self, event: Mapping[str, Any]) -> None:
+        self.selections += 1
+
+    def _on_release(self, event: Mapping[str, Any]) -> None:
+        self.releases.append(dict(event.get("release") or {}))
+
+    def _on_ended(self, event: Mapping[str, Any]) -> None:
+        self.ended = {"complete": bool(event["complete"]), "reason": event.get("reason")}
+
+    def _on_suggested(self, event: Mapping[str, Any]) -> None:
         trial_id = str(event["trial_id"])
         units = self._units_added(event)
-        if kind == "suggested":
-            if trial_id not in self.trials:
-                self._new_attempt(trial_id, bool(event["accounted"]), "suggested", units, _bracket(event))
-        elif kind == "started":
-            trial = self.trials.get(trial_id)
-            if trial is None:
-                self._new_attempt(trial_id, bool(event["accounted"]), "started", units)
-            elif trial.last == "suggested":
-                self._set_state(trial_id, "started")
-                trial.attempts[-1]["started"] = True
-            else:
-                if trial.last in LIVE_STATES:  # restarted without an error event: interrupted
-                    self._set_state(trial_id, "unknown")
-                self._new_attempt(trial_id, trial.accounted, "started", units)
-        elif kind == "charged":
-            self.trials[trial_id].attempts[-1]["units"] += units
-            assert self._budget is not None  # only a halving search's scheduler charges units
-            self._budget.add(trial_id, units, bracket=None)  # a promotion: the trial's own bracket
-        elif kind == "reported":
-            trial = self.trials.get(trial_id)
-            if trial is None or trial.last not in LIVE_STATES:
-                self.apply({"type": "started", "trial_id": trial_id, "accounted": bool(event.get("accounted", True))})
-                trial = self.trials[trial_id]
-            trial.attempts[-1]["spent"] = spent = event.get("spent")
-            self._set_state(trial_id, "reporting")
-            if trial.accounted and None not in (self.plan, spent) and not report_covers(self.plan, spent):
-                self.beyond_plan[(trial_id, len(trial.attempts))] = spent  # it ran: bounded as it ran
-            self._charge_overrun(trial_id, spent)
-        elif kind in ("completed", "failed", "interrupted"):
-            trial = self.trials.get(trial_id)
-            if trial is not None and trial.last in LIVE_STATES:
-                attempt = trial.attempts[-1]
-                self._count(trial, -1)
-                attempt["state"] = kind
-                if event.get("retry"):
-                    attempt["retry"] = True  # Tune re-runs the trial: this attempt is charged from now on
-                if event.get("refused"):
-                    attempt["refused"] = str(event["refused"])  # a retry the budget could not pay for
-                if event.get("untrained") and attempt["spent"] is None:
-                    attempt["untrained"] = str(event["untrained"])  # refused before its first training step
-                self._count(trial, +1)
+        if trial_id not in self.trials:
+            self._new_attempt(trial_id, bool(event["accounted"]), "suggested", units, _bracket(event))
+
+    def _on_started(self, event: Mapping[str, Any]) -> None:
+        trial_id = str(event["trial_id"])
+        units = self._units_added(event)
+        trial = self.trials.get(trial_id)
+        if trial is None:
+            self._new_attempt(trial_id, bool(event["accounted"]), "started", units)
+        elif trial.last == "suggested":
+            self._set_state(trial_id, "started")
+            trial.attempts[-1]["started"] = True
         else:
-            raise ValueError(f"Unknown account event {kind!r}.")
+            if trial.last in LIVE_STATES:  # restarted without an error event: interrupted
+                self._set_state(trial_id, "unknown")
+            self._new_attempt(trial_id, trial.accounted, "started", units)
+
+    def _on_charged(self, event: Mapping[str, Any]) -> None:
+        trial_id = str(event["trial_id"])
+        units = self._units_added(event)
+        self.trials[trial_id].attempts[-1]["units"] += units
+        assert self._budget is not None  # only a halving search's scheduler charges units
+        self._budget.add(trial_id, units, bracket=None)  # a promotion: the trial's own bracket
+
+    def _on_reported(self, event: Mapping[str, Any]) -> None:
+        trial_id = str(event["trial_id"])
+        trial = self.trials.get(trial_id)
+        if trial is None or trial.last not in LIVE_STATES:
+            self.apply({"type": "started", "trial_id": trial_id, "accounted": bool(event.get("accounted", True))})
+            trial = self.trials[trial_id]
+        trial.attempts[-1]["spent"] = spent = event.get("spent")
+        self._set_state(trial_id, "reporting")
+        if trial.accounted and None not in (self.plan, spent) and not report_covers(self.plan, spent):
+            self.beyond_plan[(trial_id, len(trial.attempts))] = spent  # it ran: bounded as it ran
+        self._charge_overrun(trial_id, spent)
+
+    def _on_ended_attempt(self, event: Mapping[str, Any]) -> None:
+        """completed, failed or interrupted: the live attempt ends so (a later duplicate changes nothing)."""
+        trial = self.trials.get(str(event["trial_id"]))
+        if trial is None or trial.last not in LIVE_STATES:
+            return
+        attempt = trial.attempts[-1]
+        self._count(trial, -1)
+        attempt["state"] = event["type"]
+        if event.get("retry"):
+            attempt["retry"] = True  # Tune re-runs the trial: this attempt is charged from now on
+        if event.get("refused"):
+            attempt["refused"] = str(event["refused"])  # a retry the budget could not pay for
+        if event.get("untrained") and attempt["spent"] is None:
+            attempt["untrained"] = str(event["untrained"])  # refused before its first training step
+        self._count(trial, +1)
 
     def admit(self, event: Mapping[str, Any]) -> None:
         """Raises PrivacyError when ``event`` would charge a halving bracket past its budget (nothing changes)."""
@@ -255,7 +288,7 @@ class SearchAccount:
 
     def charged_attempts(self, *, if_stopped_now: bool = False) -> int:
         """Accounted attempts outside the mechanism's bound, each composed at the full plan."""
-        if self.mechanism.kind == "halving":
+        if self.mechanism.pays_by_units:
             return 0  # every attempt is charged by its units, inside the budget
         covered = self._settled if if_stopped_now else self._coverable
         return self._attempts - min(self.mechanism.cover_cap, covered)
@@ -287,7 +320,7 @@ class SearchAccount:
         searcher drew before any result, the training set's size every plan already assumes), so
         the search is (0, 0)-DP. O(trials); read when a search has ended.
         """
-        if self.ended is None or self.selections or self.releases or self.mechanism.kind == "release":
+        if self.ended is None or self.selections or self.releases or self.mechanism.releases_itself:
             return False
         attempts = [attempt for trial in self.trials.values() if trial.accounted for attempt in trial.attempts]
         started = [attempt for attempt in attempts if attempt.get("started")]
@@ -311,7 +344,7 @@ class SearchAccount:
     def _charged(self, *, if_stopped_now: bool, extra_charges: int) -> int:
         if extra_charges < 0:
             raise ValueError(f"extra_charges must be >= 0, got {extra_charges}.")
-        if extra_charges and self.mechanism.kind == "halving":
+        if extra_charges and self.mechanism.pays_by_units:
             raise ValueError("A halving search pays for every attempt from its budget of time units, not by attempts.")
         return self.charged_attempts(if_stopped_now=if_stopped_now) + extra_charges
 
@@ -388,28 +421,14 @@ class SearchAccount:
     # ------------------------------------------------------------------ internals
     def _compute(self, composed: int, charged: int) -> Guarantee:
         mechanism = self.mechanism
-        if mechanism.kind == "release":
-            count = max(1, len(self.releases))  # charged from the start; each further release composes
-            epsilon = count * mechanism.params["epsilon"]
-            release_delta = count * mechanism.params["delta"]
-            if release_delta > self.delta:
-                raise PrivacyError(
-                    f"The searcher released {count} time(s) at δ = {mechanism.params['delta']:g} each, above this "
-                    f"search's δ = {self.delta:g}: raise δ."
-                )
-            return Guarantee(epsilon, release_delta, None, 0, release_epsilon=epsilon, release_delta=release_delta)
+        if isinstance(mechanism, SearcherRelease):  # the searcher's own releases are the whole guarantee
+            return mechanism.release_guarantee(len(self.releases), delta=self.delta)
         if self.plan is None:
             return Guarantee(None, self.delta, None, charged, reason="no trial has reported its plan yet")
         plan_curve, selection = self._selection()
         total = selection + composed * plan_curve if composed else selection
-        adaptivity = None
-        if mechanism.kind == "random_count" and mechanism.params["density_ratio"] > 1.0:
-            law = mechanism.law
-            assert law is not None  # a random_count mechanism always has its law
-            uniform = repeat_and_select(plan_curve, law, generic=self.generic)
-            adaptivity = selection.epsilon(delta=self.delta) - uniform.epsilon(delta=self.delta)
         epsilon = total.epsilon(delta=self.delta)
-        if mechanism.kind == "halving" and total.mechanism is not None:  # one DP-SGD run: its exact profile
+        if mechanism.pays_by_units and total.mechanism is not None:  # one DP-SGD run: its exact profile
             epsilon = min(epsilon, total.mechanism.epsilon(delta=self.delta))
         return Guarantee(
             epsilon=epsilon,
@@ -418,7 +437,7 @@ class SearchAccount:
             charged_attempts=charged,
             epsilon_selection=selection.epsilon(delta=self.delta),
             epsilon_one_trial=plan_curve.epsilon(delta=self.delta),
-            epsilon_adaptivity=adaptivity,
+            epsilon_adaptivity=mechanism.adaptivity(plan_curve, selection, delta=self.delta, generic=self.generic),
         )
 
     def _selection(self) -> tuple[RDPCurve, RDPCurve]:
@@ -465,7 +484,7 @@ class SearchAccount:
         return None if self.plan is None else json.dumps(self.plan, sort_keys=True)
 
     def _new_attempt(
-        self, trial_id: str, accounted: bool, state: str, units: int = 0, bracket: int | None = None
+        self, trial_id: str, accounted: bool, state: AttemptState, units: int = 0, bracket: int | None = None
     ) -> None:
         trial = self.trials.setdefault(trial_id, _Trial(accounted))
         self._count(trial, -1)
@@ -479,7 +498,7 @@ class SearchAccount:
             self._attempts += 1
         self._count(trial, +1)
 
-    def _set_state(self, trial_id: str, state: str) -> None:
+    def _set_state(self, trial_id: str, state: AttemptState) -> None:
         trial = self.trials[trial_id]
         self._count(trial, -1)
         trial.attempts[-1]["state"] = state
@@ -502,3 +521,20 @@ class SearchAccount:
 def _bracket(event: Mapping[str, Any]) -> int | None:
     """The bracket a suggestion opens its trial in (0 by default); None for any other event."""
     return int(event.get("bracket", 0)) if event["type"] == "suggested" else None
+
+
+_HANDLERS: dict[EventType, Callable[[SearchAccount, Mapping[str, Any]], None]] = {
+    "plan": SearchAccount._on_plan,
+    "restored": SearchAccount._on_restored,
+    "selection": SearchAccount._on_selection,
+    "release": SearchAccount._on_release,
+    "ended": SearchAccount._on_ended,
+    "suggested": SearchAccount._on_suggested,
+    "started": SearchAccount._on_started,
+    "charged": SearchAccount._on_charged,
+    "reported": SearchAccount._on_reported,
+    "completed": SearchAccount._on_ended_attempt,
+    "failed": SearchAccount._on_ended_attempt,
+    "interrupted": SearchAccount._on_ended_attempt,
+}
+"""One handler per :data:`EventType` (checked by the account's tests)."""

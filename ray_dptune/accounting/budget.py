@@ -20,6 +20,7 @@ from typing import Any
 
 from ray_dptune.accounting.account import CHARGING_EVENTS, SearchAccount
 from ray_dptune.accounting.guarantee import Guarantee
+from ray_dptune.accounting.search_mechanism import HalvingMechanism
 from ray_dptune.errors import BudgetExceededError, PrivacyError
 
 __all__ = ["SearchBudget"]
@@ -141,10 +142,10 @@ class SearchBudget:
             shown += f"; {self._scope.lower()} ε = {total:.4g}"
         if self.target_epsilon is not None:
             shown += f" of a budget of {self.target_epsilon:g}"
-        if account.mechanism.kind == "halving":  # the number of trials is not fixed: the budget is
+        if isinstance(account.mechanism, HalvingMechanism):  # the number of trials is not fixed: the budget is
             done = (
                 f"trials {account.trials_completed} done; {account.units_charged}/"
-                f"{account.mechanism.params['budget_units']} time units charged"
+                f"{account.mechanism.budget_units} time units charged"
             )
         else:
             done = (

@@ -1,9 +1,12 @@
-"""How a search is bounded: the kind of its mechanism and the parameters its bound needs.
+"""How a search is bounded: one frozen record per kind of mechanism, owning its bound's inputs.
 
-A :class:`SearchMechanism` is JSON-ready (it is written to the journal and the report) and
-turns a per-attempt plan curve into the curve of the attempts its bound covers
-(:meth:`SearchMechanism.selection_curve`). :class:`ray_dptune.accounting.account.SearchAccount`
-composes everything else.
+Each kind is a subclass of :class:`SearchMechanism` (build them with its class methods):
+:class:`RandomCountMechanism`, :class:`ConstantOverheadMechanism`, :class:`SearcherRelease`,
+:class:`CompositionMechanism` and :class:`HalvingMechanism`. A record is JSON-ready (it is
+written to the journal and the report; :meth:`SearchMechanism.from_dict` is the one place a
+kind's name is read) and turns a per-attempt plan curve into the curve of the attempts its
+bound covers (:meth:`SearchMechanism.selection_curve`).
+:class:`ray_dptune.accounting.account.SearchAccount` composes everything else.
 """
 
 from __future__ import annotations
@@ -12,66 +15,77 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ray_dptune import validate
 from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
+from ray_dptune.accounting.guarantee import Guarantee
+from ray_dptune.accounting.halving_budget import HalvingBudget
 from ray_dptune.accounting.rdp import RDPCurve
 from ray_dptune.accounting.selection import repeat_and_select
 from ray_dptune.accounting.svt import svt_curve
+from ray_dptune.errors import PrivacyError
 
-__all__ = ["MECHANISM_KINDS", "SearchMechanism"]
+__all__ = [
+    "CompositionMechanism",
+    "ConstantOverheadMechanism",
+    "HalvingMechanism",
+    "RandomCountMechanism",
+    "SearchMechanism",
+    "SearcherRelease",
+]
 
-MECHANISM_KINDS = ("random_count", "constant_overhead", "release", "composition", "halving")
 _DRAWN = frozenset({"num_trials", "num_brackets"})
 """Parameters drawn from a law before the search: the operator's, never in a public statement."""
 
 
 @dataclass(frozen=True)
 class SearchMechanism:
-    """How a search is bounded, as JSON-ready parameters (build with the class methods)."""
+    """How a search is bounded (build with the class methods; each returns its kind's record).
 
-    kind: str
-    params: Mapping[str, Any] = field(default_factory=dict)
+    The defaults here are those of a search that covers no attempt by a selection theorem:
+    every accounted attempt is composed at its plan, and Tune may retry.
+    """
 
-    def __post_init__(self) -> None:
-        if self.kind not in MECHANISM_KINDS:
-            raise ValueError(f"Unknown search mechanism {self.kind!r}; expected one of {MECHANISM_KINDS}.")
+    kind: ClassVar[str]
+    """The name the journal and the report record."""
+    pays_by_units: ClassVar[bool] = False
+    """True when every attempt is paid from a budget of time units (private halving), not by attempts."""
+    releases_itself: ClassVar[bool] = False
+    """True when the searcher's own (ε, δ) release is the whole guarantee and trials are not accounted."""
 
+    # ------------------------------------------------------------------ builders
     @classmethod
     def random_count(
         cls, *, law: RunCountDistribution, num_trials: int, density_ratio: float = 1.0, upper: float | None = None
-    ) -> SearchMechanism:
+    ) -> RandomCountMechanism:
         """K ~ ``law`` runs, best released: P&S 2022 Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1
         (``upper``: C itself, when the sampler guarantees it; see :func:`repeat_and_select`)."""
-        params = {"law": law.to_dict(), "num_trials": int(num_trials), "density_ratio": float(density_ratio)}
         if upper is not None:
-            params["upper"] = validate.in_range("upper", upper, 1.0, float(density_ratio), note=" (C, 1 <= C <= C/c)")
-        return cls("random_count", params)
+            upper = validate.in_range("upper", upper, 1.0, float(density_ratio), note=" (C, 1 <= C <= C/c)")
+        return RandomCountMechanism(law.to_dict(), int(num_trials), float(density_ratio), upper)
 
     @classmethod
-    def constant_overhead(cls, *, epsilon_round: float, max_rounds: int) -> SearchMechanism:
+    def constant_overhead(cls, *, epsilon_round: float, max_rounds: int) -> ConstantOverheadMechanism:
         """Ding et al. Alg. 1: ``max_rounds`` ε_round-DP sparse-vector rounds per selection, then one training."""
-        return cls("constant_overhead", {"epsilon_round": float(epsilon_round), "max_rounds": int(max_rounds)})
+        return ConstantOverheadMechanism(float(epsilon_round), int(max_rounds))
 
     @classmethod
-    def release(cls, *, epsilon: float, delta: float, description: Mapping[str, Any] | None = None) -> SearchMechanism:
+    def release(cls, *, epsilon: float, delta: float, description: Mapping[str, Any] | None = None) -> SearcherRelease:
         """A searcher's own (ε, δ)-DP release (DP-BO, Kusner et al. 2015); trials are not accounted."""
         if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta < 1):
             raise ValueError(f"A release needs ε >= 0 finite and δ in [0, 1), got ({epsilon}, {delta}).")
-        return cls(
-            "release", {"epsilon": float(epsilon), "delta": float(delta), "description": dict(description or {})}
-        )
+        return SearcherRelease(float(epsilon), float(delta), dict(description or {}))
 
     @classmethod
-    def composition(cls) -> SearchMechanism:
+    def composition(cls) -> CompositionMechanism:
         """Every accounted attempt composed at its plan (no selection theorem)."""
-        return cls("composition", {})
+        return CompositionMechanism()
 
     @classmethod
     def halving(
         cls, *, budget_units: int, max_t: int, law: RunCountDistribution | None = None, num_brackets: int = 1
-    ) -> SearchMechanism:
+    ) -> HalvingMechanism:
         """Private successive halving: brackets of at most ``budget_units`` time units, a unit ``plan / max_t``.
 
         One bracket (``law`` None): the search costs ``budget_units`` units composed; K =
@@ -83,50 +97,45 @@ class SearchMechanism:
         num_brackets = validate.integer("num_brackets", num_brackets)
         if law is None and num_brackets != 1:
             raise ValueError(f"num_brackets = {num_brackets} needs the law it was drawn from (law=).")
-        law_record = None if law is None else law.to_dict()
-        params = {"budget_units": budget_units, "max_t": max_t, "law": law_record, "num_brackets": num_brackets}
-        return cls("halving", params)
+        return HalvingMechanism(budget_units, max_t, None if law is None else law.to_dict(), num_brackets)
+
+    # ------------------------------------------------------------------ the bound
+    @property
+    def params(self) -> dict[str, Any]:
+        """The bound's inputs as JSON-ready values (the ``params`` of :meth:`to_dict`)."""
+        return {}
 
     @property
     def cover_cap(self) -> int:
         """How many attempts (one per trial) the mechanism's own bound covers."""
-        if self.kind == "random_count":
-            return int(self.params["num_trials"])
-        return 1 if self.kind == "constant_overhead" else 0
+        return 0
 
     @property
     def allows_retries(self) -> bool:
-        """Whether Tune may re-run a trial that failed (``FailureConfig(max_failures > 0)``).
+        """Whether Tune may re-run a trial that failed (``FailureConfig(max_failures > 0)``): every attempt
+        outside the cover is bounded by adaptive composition (Mironov 2017, Prop. 1), which covers the
+        failure a retry reveals."""
+        return True
 
-        Not under a random count's selection bound (P&S Thms 2/6, Lemma 7; DP-HyPO Thm 1): it
-        covers the best of K runs with K hidden, each run one draw of the base. A retry is decided
-        by the failure of the attempt it replaces, so the runs that stand as trials' last attempts
-        are the base *conditioned on not failing*, and the retries are a statistic of all K runs
-        (P&S App. D.1: with such a statistic known, best-of-k costs up to k-fold): exact
-        enumeration finds the released output's ε above the bound (tests/test_exact_retries.py). A
-        failure without a retry is covered: the run's output is "failed", ranked last. The other
-        kinds bound every attempt outside their cover by adaptive composition (Mironov 2017,
-        Prop. 1), which covers the failure a retry reveals.
-        """
-        return self.kind != "random_count"
+    @property
+    def law(self) -> RunCountDistribution | None:
+        """The law of the number of runs the selection bound covers, or None."""
+        return None
+
+    @property
+    def description(self) -> dict[str, Any]:
+        """What a searcher's own release says about itself (empty for the other kinds)."""
+        return {}
 
     def retry_reserve(self, max_failures: int) -> int | None:
         """The attempts Tune's ``max_failures`` retries may charge in all: part of the stated guarantee.
 
-        0 where retries are not charged by attempt (a halving budget pays units; a release's trials
-        are not accounted); ``max_failures`` for each covered trial of a constant-overhead search
-        (its final training); None where no fixed number bounds them (unlimited retries, or a plain
-        composition of any number of trials).
+        ``max_failures`` for each covered trial; None where no fixed number bounds them (unlimited
+        retries).
         """
-        if self.kind in ("halving", "release") or max_failures == 0:
+        if max_failures == 0:
             return 0
-        if max_failures < 0 or self.kind == "composition":
-            return None
-        return max_failures * self.cover_cap
-
-    @property
-    def law(self) -> RunCountDistribution | None:
-        return distribution_from_dict(self.params["law"]) if self.kind == "random_count" else None
+        return None if max_failures < 0 else max_failures * self.cover_cap
 
     def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
         """The curve of the covered attempts when each satisfies ``plan``.
@@ -134,27 +143,19 @@ class SearchMechanism:
         ``selections`` counts the sparse-vector selections of a constant-overhead search
         that ran (each costs ``max_rounds`` rounds; at least one is charged from the start).
         """
-        if self.kind == "halving":
-            raise ValueError("A halving search's curve is its budget of plan units: read it from SearchAccount.")
-        if self.kind == "random_count":
-            law = self.law
-            assert law is not None  # a random_count mechanism always has its law
-            return repeat_and_select(
-                plan,
-                law,
-                density_ratio=self.params["density_ratio"],
-                upper=self.params.get("upper"),
-                generic=generic,
-            )
-        if self.kind == "constant_overhead":
-            rounds = svt_curve(
-                epsilon=self.params["epsilon_round"], rounds=self.params["max_rounds"], orders=plan.orders
-            )
-            return max(1, selections) * rounds + plan
         return RDPCurve.zero(plan.orders)
 
+    def adaptivity(self, plan: RDPCurve, selection: RDPCurve, *, delta: float, generic: bool) -> float | None:
+        """The ε an adaptive sampler adds over the uniform one at ``delta`` (None where there is none)."""
+        return None
+
+    def budget(self) -> HalvingBudget | None:
+        """A fresh budget of time units for an account (private halving), else None."""
+        return None
+
+    # ------------------------------------------------------------------ records
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "params": json.loads(json.dumps(dict(self.params)))}
+        return {"kind": self.kind, "params": json.loads(json.dumps(self.params))}
 
     def public_definition(self) -> dict[str, Any]:
         """The mechanism as it may be published: its record without the draws the bound keeps hidden.
@@ -169,4 +170,170 @@ class SearchMechanism:
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> SearchMechanism:
-        return cls(record["kind"], dict(record.get("params", {})))
+        """The record :meth:`to_dict` wrote (the journal's and the report's), as its kind's class."""
+        kinds = {kind.kind: kind for kind in _KINDS}
+        if record.get("kind") not in kinds:
+            raise ValueError(f"Unknown search mechanism {record.get('kind')!r}; expected one of {sorted(kinds)}.")
+        params: dict[str, Any] = dict(record.get("params", {}))
+        return kinds[record["kind"]](**{_FIELD_OF.get(str(name), str(name)): value for name, value in params.items()})
+
+
+_FIELD_OF = {"law": "law_record", "description": "description_record"}
+"""A record's parameter name -> its field, where they differ (the law and a description are kept as JSON)."""
+
+
+@dataclass(frozen=True)
+class RandomCountMechanism(SearchMechanism):
+    """K ~ law runs, the best released (P&S 2022 Thms 2/6, Lemma 7); DP-HyPO Thm 1 when density_ratio > 1."""
+
+    kind: ClassVar[str] = "random_count"
+    law_record: dict[str, Any]
+    num_trials: int
+    density_ratio: float = 1.0
+    upper: float | None = None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        params = {"law": self.law_record, "num_trials": self.num_trials, "density_ratio": self.density_ratio}
+        return params if self.upper is None else {**params, "upper": self.upper}
+
+    @property
+    def cover_cap(self) -> int:
+        return self.num_trials
+
+    @property
+    def allows_retries(self) -> bool:
+        """False: the selection bound covers the best of K runs with K hidden, each run one draw of the base.
+
+        A retry is decided by the failure of the attempt it replaces, so the runs that stand as
+        trials' last attempts are the base *conditioned on not failing*, and the retries are a
+        statistic of all K runs (P&S App. D.1: with such a statistic known, best-of-k costs up to
+        k-fold): exact enumeration finds the released output's ε above the bound
+        (tests/test_exact_retries.py). A failure without a retry is covered: the run's output is
+        "failed", ranked last.
+        """
+        return False
+
+    @property
+    def law(self) -> RunCountDistribution:
+        return distribution_from_dict(self.law_record)
+
+    def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
+        return repeat_and_select(plan, self.law, density_ratio=self.density_ratio, upper=self.upper, generic=generic)
+
+    def adaptivity(self, plan: RDPCurve, selection: RDPCurve, *, delta: float, generic: bool) -> float | None:
+        if self.density_ratio <= 1.0:
+            return None
+        uniform = repeat_and_select(plan, self.law, generic=generic)
+        return selection.epsilon(delta=delta) - uniform.epsilon(delta=delta)
+
+
+@dataclass(frozen=True)
+class ConstantOverheadMechanism(SearchMechanism):
+    """Ding et al. Alg. 1: sparse-vector rounds per selection, then one covered training."""
+
+    kind: ClassVar[str] = "constant_overhead"
+    epsilon_round: float
+    max_rounds: int
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"epsilon_round": self.epsilon_round, "max_rounds": self.max_rounds}
+
+    @property
+    def cover_cap(self) -> int:
+        return 1
+
+    def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
+        rounds = svt_curve(epsilon=self.epsilon_round, rounds=self.max_rounds, orders=plan.orders)
+        return max(1, selections) * rounds + plan
+
+
+@dataclass(frozen=True)
+class SearcherRelease(SearchMechanism):
+    """A searcher's own (ε, δ)-DP release (DP-BO, Kusner et al. 2015): its trials are not accounted."""
+
+    kind: ClassVar[str] = "release"
+    releases_itself: ClassVar[bool] = True
+    epsilon: float
+    delta: float
+    description_record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon, "delta": self.delta, "description": self.description_record}
+
+    @property
+    def description(self) -> dict[str, Any]:
+        return dict(self.description_record)
+
+    def retry_reserve(self, max_failures: int) -> int | None:
+        return 0  # its trials are not accounted
+
+    def release_guarantee(self, count: int, *, delta: float) -> Guarantee:
+        """``count`` releases (at least one, charged from the start), composed basically (Dwork & Roth, Thm 3.16).
+
+        Raises:
+            PrivacyError: their δ adds up past the search's ``delta``.
+        """
+        count = max(1, count)
+        epsilon, release_delta = count * self.epsilon, count * self.delta
+        if release_delta > delta:
+            raise PrivacyError(
+                f"The searcher released {count} time(s) at δ = {self.delta:g} each, above this search's "
+                f"δ = {delta:g}: raise δ."
+            )
+        return Guarantee(epsilon, release_delta, None, 0, release_epsilon=epsilon, release_delta=release_delta)
+
+
+@dataclass(frozen=True)
+class CompositionMechanism(SearchMechanism):
+    """No selection theorem: every accounted attempt composed at its plan (Mironov 2017, Prop. 1)."""
+
+    kind: ClassVar[str] = "composition"
+
+    def retry_reserve(self, max_failures: int) -> int | None:
+        return 0 if max_failures == 0 else None  # any number of trials, each retried: no fixed number bounds it
+
+
+@dataclass(frozen=True)
+class HalvingMechanism(SearchMechanism):
+    """Private successive halving: every attempt paid in time units from a per-bracket budget."""
+
+    kind: ClassVar[str] = "halving"
+    pays_by_units: ClassVar[bool] = True
+    budget_units: int
+    max_t: int
+    law_record: dict[str, Any] | None = None
+    num_brackets: int = 1
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {
+            "budget_units": self.budget_units,
+            "max_t": self.max_t,
+            "law": self.law_record,
+            "num_brackets": self.num_brackets,
+        }
+
+    @property
+    def law(self) -> RunCountDistribution | None:
+        return None if self.law_record is None else distribution_from_dict(self.law_record)
+
+    def retry_reserve(self, max_failures: int) -> int | None:
+        return 0  # every attempt is paid from the budget of units
+
+    def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
+        raise ValueError("A halving search's curve is its budget of plan units: read it from SearchAccount.")
+
+    def budget(self) -> HalvingBudget:
+        return HalvingBudget(self.params)
+
+
+_KINDS: tuple[type[SearchMechanism], ...] = (
+    RandomCountMechanism,
+    ConstantOverheadMechanism,
+    SearcherRelease,
+    CompositionMechanism,
+    HalvingMechanism,
+)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.distributions import RunCountDistribution
+from ray_dptune.accounting.search_mechanism import HalvingMechanism, SearchMechanism
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.rungs import Rungs
 from ray_dptune.search.space import sample_config
@@ -92,9 +92,9 @@ class HalvingSearcher(PrivateSearcher):
 
     @property
     def num_brackets(self) -> int:
-        return self._mechanism.params["num_brackets"]
+        return self._mechanism.num_brackets
 
-    def privacy_mechanism(self) -> SearchMechanism:
+    def privacy_mechanism(self) -> HalvingMechanism:
         return self._mechanism
 
     def set_mode(self, mode: str | None) -> None:
@@ -109,7 +109,7 @@ class HalvingSearcher(PrivateSearcher):
 
     def budget_left(self) -> int:
         """Time units the current bracket can still pay for."""
-        return self._mechanism.params["budget_units"] - self.account().bracket_units(len(self.rungs) - 1)
+        return self._mechanism.budget_units - self.account().bracket_units(len(self.rungs) - 1)
 
     def charge(self, trial_id: str, units: int) -> None:
         """Charges ``units`` more time units to a running trial (durably) before it may run them.
@@ -134,7 +134,7 @@ class HalvingSearcher(PrivateSearcher):
 
     def privacy_details(self) -> dict[str, Any]:
         details = {
-            "budget_units": self._mechanism.params["budget_units"],
+            "budget_units": self._mechanism.budget_units,
             "brackets": len(self.rungs) if self.num_brackets else 0,
             "num_brackets": self.num_brackets,
             "milestones": list(self.rungs[0].milestones),
@@ -167,9 +167,11 @@ class HalvingSearcher(PrivateSearcher):
         return {"rungs": [rungs.state() for rungs in self.rungs], "mechanism": self._mechanism.to_dict()}
 
     def _restore_extra(self, state: dict[str, Any]) -> None:
-        self._mechanism = SearchMechanism.from_dict(state["mechanism"])  # K included: never redrawn
-        law = self._mechanism.params["law"]
-        self._law = None if law is None else distribution_from_dict(law)
+        mechanism = SearchMechanism.from_dict(state["mechanism"])  # K included: never redrawn
+        if not isinstance(mechanism, HalvingMechanism):
+            raise TypeError(f"A halving searcher's state holds a {mechanism.kind} mechanism.")
+        self._mechanism = mechanism
+        self._law = mechanism.law
         self.rungs = []
         for recorded in state["rungs"]:
             self.rungs.append(Rungs(**self._knobs, mode=self._mode))

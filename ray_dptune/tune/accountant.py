@@ -119,7 +119,7 @@ class PrivacyAccountantCallback(Callback):
         searcher = private_searcher_of(searcher)
         if (ledger is None) != (dataset is None):
             raise ValueError("ledger and dataset go together: pass both (or neither).")
-        releases_itself = searcher.privacy_mechanism().kind == "release"
+        releases_itself = searcher.privacy_mechanism().releases_itself
         if ledger is not None and plan is None and not releases_itself:
             raise ValueError("A ledger needs plan= up front, so that every attempt is charged before it runs.")
         if target_epsilon is not None:
@@ -181,7 +181,7 @@ class PrivacyAccountantCallback(Callback):
         """The current (ε, δ) of the whole search and how it is made up."""
         guarantee = self._account.guarantee(if_stopped_now=if_stopped_now)
         mechanism = self._account.mechanism
-        described = dict(mechanism.params["description"]) if mechanism.kind == "release" else {}
+        described = mechanism.description
         dataset_epsilon = (
             None if self._ledger is None else self._ledger.dataset_epsilon(guarantee, delta=self._account.delta)
         )
@@ -296,7 +296,7 @@ class PrivacyAccountantCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record({"type": "completed", "trial_id": trial.trial_id})
-        if not self._account.is_accounted(trial.trial_id) or self._account.mechanism.kind == "halving":
+        if not self._account.is_accounted(trial.trial_id) or self._account.mechanism.pays_by_units:
             return  # a halving search's scheduler stops trials, each charged for what it may have run
         last = self._account.attempts_of(trial.trial_id)[-1]
         if last["state"] != "completed":

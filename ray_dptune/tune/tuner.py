@@ -121,7 +121,7 @@ def private_tuner(
     searcher = _searcher(law, searcher, metric, mode)
     search_alg = searcher if search_alg is None else search_alg  # the user's ConcurrencyLimiter stays around it
     mechanism = searcher.privacy_mechanism()
-    if mechanism.kind == "release":
+    if mechanism.releases_itself:
         raise UnsupportedBoundError(
             f"{type(searcher).__name__} protects its validation set with its own release (its epsilon= and "
             "delta=), not with DP-SGD noise: build its tune.Tuner with PrivacyAccountantCallback directly."
@@ -218,7 +218,7 @@ def _max_failures(run_config: tune.RunConfig | None) -> int:
 def _reserved_retries(retries: int | None, max_failures: int, mechanism: Any) -> int:
     """The re-runs the budget reserves: ``retries``, else Tune's ``max_failures`` (0 for a halving search,
     which pays every attempt from its budget of time units)."""
-    if mechanism.kind == "halving":
+    if mechanism.pays_by_units:
         if retries:
             raise ValueError(
                 "A private halving search pays every attempt from its budget of time units: retries= "
