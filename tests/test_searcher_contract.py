@@ -19,11 +19,12 @@ from ray.tune.search import Searcher
 from ray_dptune import PointMass
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError
-from ray_dptune.search.base import PrivateSearcher
+from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.dpbo import DPBOSearcher
 from ray_dptune.search.dphypo import DPHyPOSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
+from ray_dptune.search.registry import SEARCHERS
 
 PRIVACY_ARGUMENTS = {"epsilon", "delta", "epsilon_round", "density_ratio", "upper", "lower", "noise_multiplier"}
 SPACE = {"x": tune.uniform(0.0, 1.0), "c": tune.choice(["a", "b"]), "epochs": 1}
@@ -158,8 +159,29 @@ def test_a_bad_metric_is_refused_by_name(case, metric):
         case.build(0, metric=metric)
 
 
-@pytest.mark.parametrize("cls", [RandomCountSearcher, DPHyPOSearcher, DPBOSearcher, ConstantOverheadSearcher])
-def test_privacy_arguments_are_keyword_only(cls):
-    parameters = inspect.signature(cls.__init__).parameters.values()
+DRIVEN_BY_A_SCHEDULER = {"HalvingSearcher"}
+"""Built and driven by PrivateASHAScheduler, whose tests (tests/test_private_asha.py) check its contract."""
+
+
+def test_the_registry_is_every_searcher_and_what_the_package_exports():
+    import ray_dptune
+    import ray_dptune.search
+
+    tested = {type(case.build(0)).__name__ for case in CASES.values()}
+    assert tested | DRIVEN_BY_A_SCHEDULER == set(SEARCHERS)
+    for name in SEARCHERS:
+        assert name in ray_dptune.__all__ and name in ray_dptune.search.__all__
+        assert (
+            issubclass(getattr(ray_dptune, name), PrivateSearcher) and getattr(ray_dptune.search, name).__name__ == name
+        )
+    with pytest.raises(TypeError, match=", ".join(SEARCHERS)):
+        private_searcher_of(object())
+
+
+@pytest.mark.parametrize("name", sorted(SEARCHERS))
+def test_privacy_arguments_are_keyword_only(name):
+    import ray_dptune
+
+    parameters = inspect.signature(getattr(ray_dptune, name).__init__).parameters.values()
     positional = [p.name for p in parameters if p.name in PRIVACY_ARGUMENTS and p.kind != p.KEYWORD_ONLY]
     assert positional == []

@@ -22,6 +22,7 @@ from ray_dptune.accounting.account import SearchAccount
 from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict, secure_rng
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError
+from ray_dptune.search.registry import searcher_names
 from ray_dptune.search.space import check_space, space_fingerprint
 
 __all__ = ["PrivateSearcher", "RunCountSearcher", "private_searcher_of", "refuse_truncation"]
@@ -67,8 +68,8 @@ def private_searcher_of(search_alg: Any) -> PrivateSearcher:
             "may wrap a ray_dptune searcher; for repeated runs, make each trial's plan cover them."
         )
     raise TypeError(
-        "searcher must be a ray_dptune DP searcher (RandomCountSearcher, DPHyPOSearcher, ConstantOverheadSearcher, "
-        f"DPBOSearcher, a PrivateASHAScheduler's searcher), possibly in a ConcurrencyLimiter; got {type(inner).__name__}."
+        f"searcher must be a ray_dptune DP searcher ({searcher_names()}; a HalvingSearcher is a PrivateASHAScheduler's), "
+        f"possibly in a ConcurrencyLimiter; got {type(inner).__name__}."
     )
 
 
@@ -116,6 +117,8 @@ class PrivateSearcher(Searcher):
     """False when the searcher brings its own candidates and Tune's param_space only adds constants."""
     needs_metric: ClassVar[bool] = False
     """True for adaptive searchers: they cannot suggest without a metric and a mode."""
+    accepts_plan_for: ClassVar[bool] = True
+    """False when only a ``dp_trainable`` can plan its trials (:meth:`planned_spaces` set their privacy parameters)."""
 
     def __init__(self, *, metric: str | None = None, mode: str | None = None, seed: int | None = None):
         if metric is not None and (not isinstance(metric, str) or not metric):
@@ -151,6 +154,10 @@ class PrivateSearcher(Searcher):
     def privacy_mechanism(self) -> SearchMechanism:
         """How the whole search is bounded (read by the account)."""
         raise NotImplementedError(f"{type(self).__name__} does not declare its privacy mechanism.")
+
+    def planned_spaces(self, param_space: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The spaces whose every trial one plan must cover: Tune's space, for a searcher that draws from it."""
+        return [dict(param_space)]
 
     def offer_space(self, config: Mapping[str, Any] | None) -> None:
         """Remembers the space Tune passes (also on ``Tuner.restore(..., param_space=...)``)."""

@@ -110,6 +110,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
 
     modes = ("max",)
     needs_space = False
+    accepts_plan_for = False
     threat_model = (
         "training set (add/remove one example): partition trials may train without DP; their models "
         "are never released and their accuracies (public validation set, each in [0, 1]) reach the "
@@ -171,6 +172,10 @@ class ConstantOverheadSearcher(PrivateSearcher):
     def candidates(self) -> list[dict[str, Any]]:
         """S, in suggestion order (a copy)."""
         return copy.deepcopy(self._candidates)
+
+    def planned_spaces(self, param_space: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Each candidate over Tune's constants: the final training runs one of them."""
+        return [{**param_space, **candidate} for candidate in self._candidates]
 
     @property
     def max_rounds(self) -> int:

@@ -16,7 +16,6 @@ from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 from ray_dptune.result_keys import SEARCH_PLAN_KEY
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of
-from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
 from ray_dptune.tune.accountant import PrivacyAccountantCallback
 from ray_dptune.tune.guard import check_retries, check_stop, private_tune_config, require_selection_rule
@@ -133,8 +132,10 @@ def private_tuner(
         )
     if audit is not None and hasattr(trainable, "with_audit"):
         trainable = trainable.with_audit(audit)  # before planning: the canaries change the training set's size
-    if plan_for is not None and isinstance(searcher, ConstantOverheadSearcher):
-        raise ValueError("ConstantOverheadSearcher's trials are planned by a dp_trainable; plan_for= is not supported.")
+    if plan_for is not None and not searcher.accepts_plan_for:
+        raise ValueError(
+            f"{type(searcher).__name__}'s trials are planned by a dp_trainable; plan_for= is not supported."
+        )
     for key in (NOISE_KEY, SEARCH_PLAN_KEY):
         if key in param_space:
             raise ValueError(f"param_space must not set {key!r}: private_tuner sets it from the budget.")
@@ -269,10 +270,8 @@ def _searcher(law: RunCountDistribution | None, searcher: Any, metric: str | Non
 
 
 def _plan_factory(trainable: Any, param_space: dict[str, Any], searcher: PrivateSearcher):
-    """σ → the plan covering every trial the searcher may run (the final trial's, for constant overhead)."""
-    spaces = [param_space]
-    if isinstance(searcher, ConstantOverheadSearcher):
-        spaces = [{**param_space, **candidate} for candidate in searcher.candidates]
+    """σ → the plan covering every trial the searcher may run (:meth:`PrivateSearcher.planned_spaces`)."""
+    spaces = searcher.planned_spaces(param_space)
     size = trainable.dataset_size(param_space)
 
     def plan_for(sigma: float) -> TrialSpend:
