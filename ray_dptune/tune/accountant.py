@@ -7,7 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
@@ -34,6 +34,10 @@ from ray_dptune.tune.guard import (
     running_controller,
     stopped_by_rule,
 )
+
+if TYPE_CHECKING:
+    from ray.tune.experiment import Trial
+    from ray.tune.stopper import Stopper
 
 __all__ = ["PrivacyAccountantCallback"]
 
@@ -155,10 +159,11 @@ class PrivacyAccountantCallback(Callback):
         self._report_path = report_path
         self._journal_path = journal_path
         self._journal: SearchJournal | None = None
-        self._pending: list[dict[str, Any]] = []  # events before the journal's folder is known
+        self._pending: list[Mapping[str, Any]] = []  # events before the journal's folder is known
         self._dataset = dataset
         self._ledger = None
         if ledger is not None:
+            assert dataset is not None  # checked above: ledger and dataset go together
             self._ledger = LedgerEntry(
                 ledger, search_id=self._search_id, dataset=dataset, searcher=type(searcher).__name__
             )
@@ -167,7 +172,7 @@ class PrivacyAccountantCallback(Callback):
         self._restored = False
         self._violation: PrivacyError | None = None
         self._configs: dict[str, Any] = {}
-        self._trial_plans: dict[str, dict] = {}
+        self._trial_plans: dict[str, dict[str, Any]] = {}
         self._last_logged: str | None = None
         self._started_at: float | None = None
         self._stop: Any = None  # the run's data-independent stop= criterion, if any
@@ -205,7 +210,13 @@ class PrivacyAccountantCallback(Callback):
         """The hard cap on the search's ε, or None."""
         return self._budget.target_epsilon
 
-    def setup(self, **info: Any) -> None:
+    def setup(
+        self,
+        stop: Stopper | Mapping[str, Any] | None = None,
+        num_samples: int | None = None,
+        total_num_samples: int | None = None,
+        **info: Any,
+    ) -> None:
         if self._searcher.restore_refusal is not None:
             raise self._searcher.restore_refusal
         controller = running_controller()
@@ -223,12 +234,12 @@ class PrivacyAccountantCallback(Callback):
             experiment = getattr(controller.search_alg, "_experiment", None)  # the spec Tune builds trials from
             if experiment is not None:
                 self._reserve_tune_retries(experiment.spec.get("max_failures", 0))
-        check_stop(info.get("stop"))
+        check_stop(stop)
         check_stop(self._stop)
-        self._stop = info.get("stop") or self._stop
+        self._stop = stop or self._stop
         self._started_at = self._started_at or time.time()
         if not self._restored:  # a restored experiment's spec no longer carries the user's num_samples
-            refuse_truncation(info.get("num_samples"), self._searcher.num_trials)
+            refuse_truncation(num_samples, self._searcher.num_trials)
         if self._restored and self._journal_path is not None and not os.path.exists(self._journal_path):
             raise PrivacyError(
                 f"This search's journal {self._journal_path} is missing: the account of what its earlier drivers ran "
@@ -238,7 +249,7 @@ class PrivacyAccountantCallback(Callback):
         if self._journal_path is not None and (self._restored or os.path.exists(self._journal_path)):
             self._open_journal(self._journal_path)
         if controller is not None and self._restored:  # Tune re-queued them before this hook: refuse before any runs
-            for trial in controller.get_trials():
+            for trial in controller.get_trials():  # type: ignore[no-untyped-call]  # unannotated in Ray
                 if trial.status == "PENDING":
                     self._refuse_rerun_of_a_failed_run(trial.trial_id)
                     self._refuse_unsuggested_trial(trial.trial_id)
@@ -249,7 +260,7 @@ class PrivacyAccountantCallback(Callback):
         if self._restored:
             self._budget.check_resumable()
 
-    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         if self._journal is None:
             location = self._journal_path or journal_location(trial)
             if location is not None:
@@ -263,7 +274,9 @@ class PrivacyAccountantCallback(Callback):
         # is handed to its worker (a retry that does not fit is refused earlier, in on_trial_recover).
         self._record({"type": "started", "trial_id": trial.trial_id, "accounted": accounted})
 
-    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
         if trial.trial_id in self._account.trials and not self._account.is_accounted(trial.trial_id):
             return
         trial_plan, spent = read_trial_reports(result, trial_id=trial.trial_id, keys=(PLAN_KEY, SPENT_KEY))
@@ -294,7 +307,7 @@ class PrivacyAccountantCallback(Callback):
         self._record({"type": "reported", "trial_id": trial.trial_id, "spent": spent})
         result[EPSILON_KEY] = self._account.guarantee().epsilon  # Tune's loggers see the whole search's ε
 
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._record({"type": "completed", "trial_id": trial.trial_id})
         if not self._account.is_accounted(trial.trial_id) or self._account.mechanism.pays_by_units:
             return  # a halving search's scheduler stops trials, each charged for what it may have run
@@ -316,13 +329,13 @@ class PrivacyAccountantCallback(Callback):
             f"{sorted(DATA_INDEPENDENT_STOP_KEYS)} is allowed)."
         )
 
-    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if isinstance(self._violation, RefusedBeforeTraining) and self._account.running():
             return  # stopping them now would leave attempts that may have trained: let them end first
         if self._violation is not None:
             raise self._violation
 
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         refusal = refusal_before_training(trial)
         if refusal is None:
             self._record({"type": "failed", "trial_id": trial.trial_id})
@@ -334,7 +347,7 @@ class PrivacyAccountantCallback(Callback):
             f"Trial {trial.trial_id} was refused before its first training step: {refusal}"
         )
 
-    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         """Tune re-queued the failed trial: the failed attempt is charged now, before the retry can start."""
         try:
             self._record({"type": "failed", "trial_id": trial.trial_id, "retry": True})
@@ -342,7 +355,7 @@ class PrivacyAccountantCallback(Callback):
             self._record({"type": "failed", "trial_id": trial.trial_id, "refused": str(refusal)})
             end_trial_in_error(trial, refusal)
 
-    def on_experiment_end(self, trials: list, **info: Any) -> None:
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         for trial in trials:  # those an earlier driver started: Tune's restored state has their configs
             self._configs.setdefault(trial.trial_id, _jsonable(trial.config))
         for trial_id, record in list(self._account.trials.items()):
@@ -511,7 +524,7 @@ class PrivacyAccountantCallback(Callback):
             self._last_logged = line
 
 
-def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict | None:
+def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict[str, Any] | None:
     if plan is None:
         return None
     if isinstance(plan, (TrialSpend, RDPCurve)):
@@ -520,4 +533,5 @@ def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict | None:
 
 
 def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(config, default=repr))
+    jsonable: dict[str, Any] = json.loads(json.dumps(config, default=repr))
+    return jsonable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import tune
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -14,6 +14,10 @@ from ray_dptune.errors import PrivacyError, RefusedBeforeTraining
 from ray_dptune.result_keys import PLAN_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of
 from ray_dptune.tune.private_asha import PrivateASHAScheduler
+
+if TYPE_CHECKING:
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
 
 __all__ = [
     "DATA_INDEPENDENT_STOP_KEYS",
@@ -58,10 +62,10 @@ class PrivacyGuardScheduler(FIFOScheduler):
     """
 
     def __init__(self, searcher: Any = None):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Ray's FIFOScheduler.__init__ is unannotated
         self._searcher = None if searcher is None else private_searcher_of(searcher)
 
-    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+    def on_trial_result(self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]) -> str:
         if self._searcher is not None and not self._searcher.accounts_trial(trial.config):
             return TrialScheduler.CONTINUE
         plan, spent = _nested(result, PLAN_KEY), _nested(result, SPENT_KEY)
@@ -75,7 +79,7 @@ class PrivacyGuardScheduler(FIFOScheduler):
         return TrialScheduler.CONTINUE
 
 
-def _nested(result: dict, key: str) -> Any:
+def _nested(result: dict[str, Any], key: str) -> Any:
     """``result[key]``, also when Tune has flattened it into ``key/field`` entries."""
     if key in result:
         return result[key]
@@ -145,7 +149,7 @@ def check_scheduler(scheduler: Any, searcher: Any = None) -> None:
     raise PrivacyError(_EARLY_STOPPING.format(name=type(scheduler).__name__))
 
 
-def running_controller() -> Any:
+def running_controller() -> TuneController | None:
     """The ``TuneController`` of the Tune run that is calling us (``tune.run`` and ``Tuner.fit`` alike), or None.
 
     Tune hands callbacks no reference to its run, so the accountant finds the controller
@@ -204,7 +208,7 @@ def check_stop(stop: Any) -> None:
     )
 
 
-def stopped_by_rule(stop: Any, result: dict) -> bool:
+def stopped_by_rule(stop: Any, result: dict[str, Any]) -> bool:
     """True when a data-independent ``stop=`` criterion (see :func:`check_stop`) ended the trial whose last result is
     ``result``."""
     from ray.tune.stopper import MaximumIterationStopper
@@ -212,7 +216,8 @@ def stopped_by_rule(stop: Any, result: dict) -> bool:
     if isinstance(stop, dict):
         return any(key in result and result[key] >= value for key, value in stop.items())
     if isinstance(stop, MaximumIterationStopper):
-        return result.get("training_iteration", 0) >= stop._max_iter
+        reached: bool = result.get("training_iteration", 0) >= stop._max_iter
+        return reached
     return False
 
 
@@ -231,12 +236,12 @@ def end_trial_in_error(trial: Any, error: Exception) -> None:
     controller = running_controller()
     if controller is None:
         raise error
-    controller.stop_trial(trial)
+    controller.stop_trial(trial)  # type: ignore[no-untyped-call]  # unannotated in Ray
     controller._set_trial_status(trial, Trial.ERROR)
     trial.handle_error(error)
     if trial.pickled_error_file is not None:
         with open(trial.pickled_error_file, "wb") as file:
-            cloudpickle.dump(error, file)
+            cloudpickle.dump(error, file)  # type: ignore[no-untyped-call]  # Ray's vendored cloudpickle is unannotated
 
 
 def refusal_before_training(trial: Any) -> str | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
@@ -29,6 +29,10 @@ from ray_dptune.accounting.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.halving import HalvingSearcher
 from ray_dptune.search.rungs import Rungs
+
+if TYPE_CHECKING:
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
 
 __all__ = ["PrivateASHAScheduler"]
 
@@ -85,7 +89,7 @@ class PrivateASHAScheduler(FIFOScheduler):
         space: dict[str, Any] | None = None,
         seed: int | None = None,
     ):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Ray's FIFOScheduler.__init__ is unannotated
         rungs = Rungs(grace_period=grace_period, reduction_factor=reduction_factor, max_t=max_t, mode=mode)
         budget_units = float(budget_trials) * max_t if isinstance(budget_trials, (int, float)) else math.nan
         if not (math.isfinite(budget_units) and budget_units == int(budget_units) and budget_units >= grace_period):
@@ -109,7 +113,7 @@ class PrivateASHAScheduler(FIFOScheduler):
         )
         self.searcher.scheduler = self
         self._metric, self._mode = metric, mode
-        self._not_resumed: list[Any] = []
+        self._not_resumed: list[Trial] = []
 
     @property
     def rungs(self) -> Rungs:
@@ -125,7 +129,7 @@ class PrivateASHAScheduler(FIFOScheduler):
         self.searcher.set_mode(self._mode)
         return True
 
-    def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+    def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
         """Ends, instead of resuming, a trial that a killed driver left unfinished.
 
         Its charged units stay charged (the journal); re-running it would touch the data
@@ -137,15 +141,15 @@ class PrivateASHAScheduler(FIFOScheduler):
         if unfinished and trial.trial_id not in self.searcher.suggested_by_this_driver:
             self._not_resumed.append(trial)  # Tune cannot stop a trial while it adds it: at the next step
 
-    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+    def choose_trial_to_run(self, tune_controller: TuneController) -> Trial | None:
         """Ends the interrupted trials first: Tune starts pending trials only after asking this."""
         while self._not_resumed:
             trial = self._not_resumed.pop()
             logger.warning("Trial %s was interrupted with its driver; private halving does not resume it.", trial)
-            tune_controller.stop_trial(trial)
+            tune_controller.stop_trial(trial)  # type: ignore[no-untyped-call]  # unannotated in Ray
         return super().choose_trial_to_run(tune_controller)
 
-    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+    def on_trial_result(self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]) -> str:
         """Stops a trial at a milestone unless its score ranks and the budget pays for its next segment."""
         trial_id = trial.trial_id
         time = self._time(result)
@@ -161,7 +165,8 @@ class PrivateASHAScheduler(FIFOScheduler):
                 charged_until,
             )
             return TrialScheduler.STOP  # the accountant raises PrivacyError for the spend
-        score, rungs = result.get(self._metric), self.searcher.rungs_of(trial_id)  # its bracket's rungs only
+        score = None if self._metric is None else result.get(self._metric)
+        rungs = self.searcher.rungs_of(trial_id)  # its bracket's rungs only
         if rungs is None:  # not in the searcher's (restored) record: no bracket may rank it
             return TrialScheduler.STOP
         ranks = isinstance(score, (int, float)) and rungs.promotable(trial_id, time, float(score))
@@ -182,7 +187,7 @@ class PrivateASHAScheduler(FIFOScheduler):
             f"PrivateASHAScheduler: milestones {list(self.rungs.milestones)}, {searcher.budget_left()} time units left"
         )
 
-    def _time(self, result: dict) -> int:
+    def _time(self, result: dict[str, Any]) -> int:
         if self.time_attr not in result:
             raise PrivacyError(
                 f"A result has no {self.time_attr!r}: private successive halving charges trials by that counter."

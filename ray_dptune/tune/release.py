@@ -220,7 +220,7 @@ def _purged_release(filesystem: Any, experiment_path: str) -> ReleasedTrial | No
     )
 
 
-def _purge(filesystem: Any, experiment_path: str, keep: str | None, trials: list, report: dict[str, Any]) -> None:
+def _purge(filesystem: Any, experiment_path: str, keep: str | None, trials: list[Any], report: dict[str, Any]) -> None:
     """Deletes everything in the experiment folder but ``keep`` (a trial folder) and the privacy record.
 
     An allow-list, not a list of Ray's file names: whatever Ray (or a searcher, or an
@@ -293,7 +293,7 @@ def _refuse_unreleasable(report: dict[str, Any], experiment_path: str) -> None:
 
 
 def _released_trial(
-    trials: list, report: dict[str, Any], details: dict[str, Any], metric: str | None, mode: str | None
+    trials: list[Any], report: dict[str, Any], details: dict[str, Any], metric: str | None, mode: str | None
 ) -> tuple[Any, float | None]:
     """The trial the searcher names as its output, or else the best by the search's own ``metric`` and ``mode``."""
     for name, given in (("metric", metric), ("mode", mode)):
@@ -321,8 +321,8 @@ def _released_trial(
             "covered by the guarantee. Give metric= and mode= to the searcher or TuneConfig before the search."
         )
     ended = {trial_id for trial_id, record in report["trials"].items() if record.get("state") == "completed"}
-    candidates = [(_last_metrics(trial).get(metric), trial) for trial in trials if _trial_id(trial) in ended]
-    candidates = [(s, trial) for s, trial in candidates if isinstance(s, (int, float)) and math.isfinite(s)]
+    scored = [(_last_metrics(trial).get(metric), trial) for trial in trials if _trial_id(trial) in ended]
+    candidates = [(s, trial) for s, trial in scored if isinstance(s, (int, float)) and math.isfinite(s)]
     if not candidates:
         raise PrivacyError(
             f"No trial ran its plan to the end with a finite {metric!r} ({len(ended)} of {len(report['trials'])} "

@@ -261,21 +261,26 @@ def _searcher(law: RunCountDistribution | None, searcher: Any, metric: str | Non
     if (law is None) == (searcher is None):
         raise ValueError("Give exactly one of law= (a random-count search) and searcher= (any DP searcher).")
     if searcher is None:
+        assert law is not None  # exactly one of them is given
         return RandomCountSearcher(law, metric=metric, mode=mode)
-    searcher = private_searcher_of(searcher)
+    own = private_searcher_of(searcher)
     for name, value in (("metric", metric), ("mode", mode)):
-        if value is not None and getattr(searcher, name) not in (None, value):
-            raise ValueError(f"{name}={value!r} differs from the searcher's {getattr(searcher, name)!r}: set it once.")
-    return searcher
+        if value is not None and getattr(own, name) not in (None, value):
+            raise ValueError(f"{name}={value!r} differs from the searcher's {getattr(own, name)!r}: set it once.")
+    return own
 
 
-def _plan_factory(trainable: Any, param_space: dict[str, Any], searcher: PrivateSearcher):
+def _plan_factory(
+    trainable: Any, param_space: dict[str, Any], searcher: PrivateSearcher
+) -> Callable[[float], TrialSpend]:
     """σ → the plan covering every trial the searcher may run (:meth:`PrivateSearcher.planned_spaces`)."""
     spaces = searcher.planned_spaces(param_space)
     size = trainable.dataset_size(param_space)
 
     def plan_for(sigma: float) -> TrialSpend:
-        plans = [trainable.privacy_plan({**space, NOISE_KEY: sigma}, dataset_size=size) for space in spaces]
+        plans: list[TrialSpend] = [
+            trainable.privacy_plan({**space, NOISE_KEY: sigma}, dataset_size=size) for space in spaces
+        ]
         covering = [plan for plan in plans if all(plan.covers(other) for other in plans)]
         if not covering:
             raise ValueError(
