@@ -107,7 +107,7 @@ class PrivateSearcher(Searcher):
     """
 
     threat_model: ClassVar[str]
-    coverage: ClassVar[str]
+    coverage: str
     configs_public: ClassVar[bool] = True
     """False when trial configurations depend on non-released results (adaptive searchers):
     the privacy report then withholds them."""
@@ -147,7 +147,7 @@ class PrivateSearcher(Searcher):
         """The explicit seed, or None when the draws came from the secure source."""
         return self._seed
 
-    def accounts_trial(self, config: dict[str, Any]) -> bool:
+    def accounts_trial(self, config: Mapping[str, Any]) -> bool:
         """True when the trial with ``config`` must report and satisfy the search's plan."""
         return True
 
@@ -203,6 +203,7 @@ class PrivateSearcher(Searcher):
                 f"{type(self).__name__} reads the search's privacy account: pass it to "
                 "ray_dptune.PrivacyAccountantCallback (or use ray_dptune.private_tuner)."
             )
+        assert self._account is not None  # has_account
         return self._account()
 
     def record_event(self, event: Mapping[str, Any]) -> None:
@@ -220,7 +221,7 @@ class PrivateSearcher(Searcher):
         return {}
 
     # ------------------------------------------------------------------ Searcher API
-    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
         """Takes Tune's metric and mode where none was given, and its space where the searcher has none."""
         self.offer_space(config)
         self._check_mode(mode)
@@ -231,7 +232,9 @@ class PrivateSearcher(Searcher):
         self._set_space(config)
         return True
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+    def suggest(  # type: ignore[override]  # Ray's annotation omits FINISHED, which its docs return
+        self, trial_id: str
+    ) -> dict[str, Any] | str | None:
         """The next configuration (recorded before it is returned), None to wait, or FINISHED after K."""
         if self._done():
             return Searcher.FINISHED
@@ -335,8 +338,16 @@ class RunCountSearcher(PrivateSearcher):
         "those are not covered (release_best(..., purge=True) deletes the trials' folders)."
     )
     _distribution: RunCountDistribution
-    density_ratio: float
-    density_upper: float | None = None
+
+    @property
+    def density_ratio(self) -> float:
+        """C/c, the bound on every draw's density ratio to the prior (1 when not adaptive)."""
+        raise NotImplementedError
+
+    @property
+    def density_upper(self) -> float | None:
+        """C when the sampler guarantees it; None: the bound takes the worst case C = C/c."""
+        return None
 
     @property
     def distribution(self) -> RunCountDistribution:

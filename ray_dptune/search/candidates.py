@@ -79,7 +79,7 @@ class SearchCells:
         features: (n_cells, k) the surrogate's input for each cell's representative point.
     """
 
-    space: dict
+    space: dict[str, Any]
     lower: np.ndarray
     width: np.ndarray
     anchor: np.ndarray
@@ -107,12 +107,12 @@ class SearchCells:
         return {"lower": self.lower, "width": self.width, "anchor": self.anchor}
 
     @classmethod
-    def from_state(cls, space: dict, state: dict[str, np.ndarray]) -> SearchCells:
+    def from_state(cls, space: dict[str, Any], state: dict[str, np.ndarray]) -> SearchCells:
         """Cells of ``space`` with the saved boxes (no random draw: restore is exact)."""
         return _assemble(space, *(np.asarray(state[k], dtype=float) for k in ("lower", "width", "anchor")))
 
 
-def build_cells(space: dict, rng: np.random.Generator, budget: int | None = None) -> SearchCells:
+def build_cells(space: dict[str, Any], rng: np.random.Generator, budget: int | None = None) -> SearchCells:
     """Partitions ``space`` into cells (see the module docstring for the rules).
 
     Args:
@@ -149,7 +149,9 @@ def build_cells(space: dict, rng: np.random.Generator, budget: int | None = None
     return _assemble(space, lower, width, anchor)
 
 
-def build_candidate_set(space: dict, rng: np.random.Generator, num_candidates: int) -> tuple[list[dict], np.ndarray]:
+def build_candidate_set(
+    space: dict[str, Any], rng: np.random.Generator, num_candidates: int
+) -> tuple[list[dict[str, Any]], np.ndarray]:
     """DP-BO's Λ of a Tune space: configurations and their unit-cube coordinates, drawn without data.
 
     grid_search and choice values form a cartesian product; the numeric domains get
@@ -183,7 +185,7 @@ def build_candidate_set(space: dict, rng: np.random.Generator, num_candidates: i
 
 
 # ---------------------------------------------------------------------------- helpers
-def _assemble(space: dict, lower: np.ndarray, width: np.ndarray, anchor: np.ndarray) -> SearchCells:
+def _assemble(space: dict[str, Any], lower: np.ndarray, width: np.ndarray, anchor: np.ndarray) -> SearchCells:
     axes = read_space(space)
     if lower.shape[1] != len(axes.numeric):
         raise ValueError("The saved cells do not match this space's numeric axes.")
@@ -203,7 +205,8 @@ def sobol_points(d: int, n: int, rng: np.random.Generator) -> np.ndarray:
         engine = qmc.Sobol(d, scramble=True, rng=rng)
     except TypeError:  # scipy < 1.15 names it seed
         engine = qmc.Sobol(d, scramble=True, seed=rng)
-    return engine.random_base2(max(0, math.ceil(math.log2(n))))[:n]
+    points: np.ndarray = engine.random_base2(max(0, math.ceil(math.log2(n))))[:n]
+    return points
 
 
 def _kd_boxes(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ import logging
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.svt import (
@@ -157,7 +157,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
             raise TypeError(f"fallback must be a candidate index, got {fallback!r}.")
         if not 0 <= fallback < len(self._candidates):
             raise ValueError(f"fallback must index a candidate, in [0, {len(self._candidates)}), got {fallback}.")
-        self._fallback = int(fallback)
+        self._fallback: int = int(fallback)
         k = self._params.partitions
         self._num_trials = len(self._candidates) * k + 1
         self._queue: list[tuple[int, int]] = [(s, i) for s in range(len(self._candidates)) for i in range(k)]
@@ -213,6 +213,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
         params = self._params
         worst = worst_case_noiseless_rounds(params)
         outcome = self._outcome
+        selected = self.selected_index
         details: dict[str, Any] = {
             "algorithm": "Ding et al., constant-overhead DP tuning, Algorithm 1, rounds capped at T_max",
             "num_candidates": len(self._candidates),
@@ -242,8 +243,8 @@ class ConstantOverheadSearcher(PrivateSearcher):
             "final_utility_u": None if outcome is None else params.utility(outcome.level),
             "chosen_index": None if outcome is None else outcome.chosen,
             "fallback_used": None if outcome is None else outcome.chosen is None,
-            "selected_index": self.selected_index,
-            "selected_config": None if outcome is None else copy.deepcopy(self._candidates[self.selected_index]),
+            "selected_index": selected,
+            "selected_config": None if selected is None else copy.deepcopy(self._candidates[selected]),
             "seed": self._seed if self._seed is not None else "secure (operating system)",
         }
         if self._final_trial_id is not None:
@@ -251,7 +252,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
         return details
 
     # ------------------------------------------------------------------ Searcher API
-    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
         """Takes Tune's metric; the param_space may only add constants (S was given to the searcher)."""
         if config and PARTITION_KEY in config:
             raise ValueError(f"param_space must not set {PARTITION_KEY!r}: the searcher assigns the partitions.")
@@ -274,15 +275,17 @@ class ConstantOverheadSearcher(PrivateSearcher):
             if len(self._accuracies) < len(self._candidates) * self._params.partitions:
                 return None  # partition trials still running
             self._select()
+        selected = self.selected_index
+        assert selected is not None  # the rounds have run
         self._final_trial_id = trial_id
         logger.info(
             "Constant-overhead search: final trial %s trains candidate %d on the whole training set.",
             trial_id,
-            self.selected_index,
+            selected,
         )
-        return copy.deepcopy(self._candidates[self.selected_index]), "final"
+        return copy.deepcopy(self._candidates[selected]), "final"
 
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """Records a partition trial's final accuracy (0 if it failed); runs the rounds after the last."""
         if self._violation is not None or trial_id in self._finished or trial_id not in self._suggested:
             return  # a repeated event, a trial of another search, or a search already refused
@@ -298,7 +301,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
             return
         if error:
             logger.warning("Partition trial %s failed: its accuracy counts as 0.", trial_id)
-        accuracy = 0.0 if error else self._accuracy(trial_id, result)
+        accuracy = 0.0 if error or result is None else self._accuracy(trial_id, result)
         self._finished.add(trial_id)
         self._accuracies[task] = accuracy
         if self._outcome is None and not self._queue and len(self._accuracies) == self._num_trials - 1:
@@ -346,7 +349,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
             )
         return float(value)
 
-    def _refuse(self, message: str) -> None:
+    def _refuse(self, message: str) -> NoReturn:
         self._violation = message  # Tune logs errors raised while it stops a trial: suggest raises it again
         raise UnsupportedBoundError(message)
 

@@ -103,7 +103,8 @@ class BoundedDensitySampler:
             q, one probability per cell.
         """
         if self.upper == self.lower == 1.0 or self.prior.size == 1:
-            return self.prior.copy()  # S_{1,1} = {prior}: no model needed
+            prior: np.ndarray = self.prior.copy()  # S_{1,1} = {prior}: no model needed
+            return prior
         p = self.density(self.scores(candidates, observed_x, observed_y))
         q = self.prior.copy() if np.all(p == 1.0) else self.project(p)  # the prior is in S_{C,c}: keep it exact
         self.check(q)
@@ -124,7 +125,7 @@ class BoundedDensitySampler:
             return self._ucb(np.asarray(candidates, dtype=float), x, y)
         except Exception as error:
             with extra_imports("dphypo", "ray_dptune.search.density"):
-                from botorch.exceptions import ModelFittingError
+                from botorch.exceptions.errors import ModelFittingError
                 from linear_operator.utils.errors import NanError, NotPSDError
 
             if not isinstance(error, (ModelFittingError, NotPSDError, NanError, RuntimeError, ValueError)):
@@ -151,7 +152,8 @@ class BoundedDensitySampler:
             return np.ones_like(self.prior)
         logits = self.beta * (s - mean) / spread
         p = np.exp(logits - logits.max())
-        return p / (self.prior * p).sum()
+        relative: np.ndarray = p / (self.prior * p).sum()
+        return relative
 
     def project(self, density: np.ndarray) -> np.ndarray:
         """The ℓ2 projection onto S_{C,c}(prior) with bounds tightened by ``MARGIN``, as probabilities."""
@@ -159,7 +161,9 @@ class BoundedDensitySampler:
         lower = self.lower * (1.0 + MARGIN) if self.lower < 1.0 else 1.0
         f = project_to_bounded_density(density, np.ones_like(self.prior), self.prior, upper, lower)
         q = self.prior * f
-        return q / q.sum()  # Σ prior·f = 1 to ~ulp(max p); the margin absorbs the rescaling, check() verifies
+        # Σ prior·f = 1 to ~ulp(max p); the margin absorbs the rescaling, check() verifies
+        probabilities: np.ndarray = q / q.sum()
+        return probabilities
 
     def check(self, q: np.ndarray) -> None:
         """Raises PrivacyError unless c·prior ≤ q ≤ C·prior in every cell (exact) and Σq = 1 (to 1e-12)."""
@@ -220,7 +224,8 @@ class BoundedDensitySampler:
             }
             with torch.no_grad():  # UCB's β is τ² (μ + √β σ); t-batch: one q=1 posterior per cell
                 ucb = UpperConfidenceBound(model, beta=self.tau**2)(torch.as_tensor(candidates).unsqueeze(-2))
-        return ucb.numpy().astype(float)
+        scores: np.ndarray = ucb.numpy().astype(float)
+        return scores
 
 
 def check_bounds(upper: float, lower: float) -> tuple[float, float]:

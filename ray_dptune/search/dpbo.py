@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -175,20 +176,21 @@ class DPBOSearcher(PrivateSearcher):
             reg_key=reg_key,
         )
         super().__init__(metric=metric, mode=mode, seed=seed)
-        self._settings, self._num_trials = settings, int(num_trials)
-        self._configs: list[dict] = []
-        self._features = np.zeros((0, 0))
+        self._settings: DPBOSettings = settings
+        self._num_trials = int(num_trials)
+        self._configs: list[dict[str, Any]] = []
+        self._features: np.ndarray = np.zeros((0, 0))
         self._observations: list[tuple[int, float]] = []  # (index in Λ, metric as reported)
         self._pending: str | None = None
         self._retry: int | None = None
-        self._failures = 0
+        self._failures: int = 0
         self._bounds: dict[str, Any] | None = None
         self._release: dict[str, Any] | None = None
         if space is not None:
             self._set_space(space)
 
     # ------------------------------------------------------------------ what the accountant reads
-    def accounts_trial(self, config: dict[str, Any]) -> bool:
+    def accounts_trial(self, config: Mapping[str, Any]) -> bool:
         """False: the training data are public here, so trials report no DP-SGD plan."""
         return False
 
@@ -234,11 +236,12 @@ class DPBOSearcher(PrivateSearcher):
         self._pending = trial_id
         return copy.deepcopy(self._configs[index]), {"index": index, "status": "pending"}
 
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """Records the observation; after the T-th, makes the private release. A repeat call is ignored."""
         record = self._suggested.get(trial_id)
         if record is None or record["status"] != "pending":
             return
+        assert self._metric is not None  # suggest() refuses without a metric (needs_metric)
         self._pending = None
         score = None if error or not result else result.get(self._metric)
         if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(score):
@@ -269,7 +272,7 @@ class DPBOSearcher(PrivateSearcher):
 
     def _restore_extra(self, state: dict[str, Any]) -> None:
         self._settings, self._configs, self._features = state["settings"], state["configs"], state["features"]
-        self._observations = [tuple(o) for o in state["observations"]]
+        self._observations = [(index, value) for index, value in state["observations"]]
         self._pending, self._retry, self._failures = state["pending"], state["retry"], int(state["failures"])
         self._release, self._bounds = state["release"], None
 
@@ -313,7 +316,8 @@ class DPBOSearcher(PrivateSearcher):
         """Observations in GP units: sign·(metric − prior_mean)/prior_std."""
         s = self._settings
         raw = np.array([v for _, v in self._observations], dtype=float)
-        return self._sign() * (raw - s.prior_mean) / s.prior_std
+        values: np.ndarray = self._sign() * (raw - s.prior_mean) / s.prior_std
+        return values
 
     def _constants(self) -> dict[str, Any]:
         if self._bounds is None:
@@ -340,17 +344,18 @@ class DPBOSearcher(PrivateSearcher):
     def _set_space(self, space: dict[str, Any]) -> None:
         configs, features = build_candidate_set(space, self._rng, self._settings.num_candidates)
         if self._settings.algorithm == 3:
+            assert self._settings.reg_key is not None  # DPBOSettings requires it for algorithm 3
             _check_regularisation_only(configs, self._settings.reg_key)
         super()._set_space(space)
         self._configs, self._features, self._bounds = configs, features, None
 
 
-def _check_regularisation_only(configs: list[dict], key: str) -> None:
+def _check_regularisation_only(configs: list[dict[str, Any]], key: str) -> None:
     """Algorithm 3 (Theorem 7) covers only the L2 weight λ > 0: every other value must be constant."""
     if any(key not in c for c in configs):
         raise ValueError(f"reg_key {key!r} is not a key of the search space.")
     values = [c[key] for c in configs]
-    if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v > 0) for v in values):
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v > 0) for v in values):  # type: ignore[operator]  # numbers.Real's stub lacks __gt__
         raise ValueError(f"Every value of {key!r} must be a finite L2 weight λ > 0 (Kusner eq. 10).")
     rest = {json.dumps({k: v for k, v in c.items() if k != key}, sort_keys=True, default=repr) for c in configs}
     if len(rest) > 1:

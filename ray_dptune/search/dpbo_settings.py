@@ -123,11 +123,13 @@ class DPBOSettings:
         """δ of GP-UCB's β_t: the δ it takes in the privacy proof, else ``EXPLORATION_DELTA``."""
         if self.algorithm == 3:
             return EXPLORATION_DELTA
+        assert self.delta is not None  # __post_init__ sets it for algorithm 1
         return self.delta if self.release == "config" else self.delta / 2.0
 
     def guarantee(self) -> dict[str, Any]:
         """(ε, δ) of the release, with its assumption, known before the search starts."""
         k = len(self.parts)
+        assert self.delta is not None  # __post_init__ sets it (0 for algorithm 3)
         if self.algorithm == 1:
             assumption = (
                 "Kusner et al. 2015 Assumption 1: all validation-set functions are jointly GP(0, k1 ⊗ k2) with "
@@ -165,6 +167,7 @@ def release_constants(
     """Sensitivities and noise scales of the release over Λ = ``configs`` (GP and metric units)."""
     s, n, t = settings, len(configs), num_trials
     if s.algorithm == 1:
+        assert s.delta is not None and s.k1 is not None  # __post_init__ sets them for algorithm 1
         gamma = max_information_gain_bound_from_points(
             features, t, s.noise_variance, kernel=s.kernel, lengthscale=s.lengthscale
         )
@@ -181,6 +184,8 @@ def release_constants(
         bounds["laplace_scale_metric_units"] = round_up(bounds["laplace_scale"] * s.prior_std)
         bounds["em_sensitivity_metric_units"] = round_up(bounds["em_sensitivity"] * s.prior_std)
         return bounds
+    assert s.reg_key is not None and s.lipschitz is not None  # __post_init__ sets them for algorithm 3
+    assert s.g_star is not None and s.validation_size is not None
     lam = [float(c[s.reg_key]) for c in configs]
     bounds = {
         "lambda_min": min(lam),
@@ -198,6 +203,6 @@ def release_constants(
 
 
 def _fixed(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):  # type: ignore[operator]  # numbers.Real's stub lacks __gt__
         raise ValueError(_FIXED.format(name=name, value=value))
     return float(value)

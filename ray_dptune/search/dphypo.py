@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -57,6 +57,13 @@ require_extra("dphypo", __name__)  # BoTorch itself loads at the first GP fit; a
 __all__ = ["DPHyPOSearcher"]
 
 logger = logging.getLogger(__name__)
+
+
+class _Settings(TypedDict):
+    upper: float
+    lower: float
+    beta: float
+    tau: float
 
 
 class DPHyPOSearcher(RunCountSearcher):
@@ -138,7 +145,7 @@ class DPHyPOSearcher(RunCountSearcher):
         ):
             raise ValueError(f"candidates must be a positive int (the most cells) or None, got {candidates!r}.")
         self._budget = candidates
-        self._settings = {"upper": float(upper), "lower": float(lower), "beta": beta, "tau": tau}
+        self._settings: _Settings = {"upper": float(upper), "lower": float(lower), "beta": beta, "tau": tau}
         self._draw_count(distribution)
         self._cells: SearchCells | None = None
         self._sampler: BoundedDensitySampler | None = None
@@ -171,6 +178,7 @@ class DPHyPOSearcher(RunCountSearcher):
                 "DPHyPOSearcher has no search space: pass `space=` to it or `param_space=` to tune.Tuner."
             )
         if self._cache is None or self._cache[0] != len(self._observations):
+            assert self._cells is not None  # set with the sampler
             width = self._cells.features.shape[1]
             x = np.array([obs[0] for obs in self._observations], dtype=float).reshape(-1, width)
             y = np.array([obs[1] for obs in self._observations]) * (-1.0 if self._mode == "min" else 1.0)
@@ -179,15 +187,17 @@ class DPHyPOSearcher(RunCountSearcher):
 
     # ------------------------------------------------------------------ Searcher API
     def _propose(self, trial_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        assert self._sampler is not None and self._cells is not None  # suggest() refuses to propose without a space
         cell = self._sampler.draw(self.next_probabilities())  # checks [c, C]·prior first
         config, features = self._cells.sample(cell, self._sampler.rng)
         return config, {"config": config, "x": features, "completed": False}
 
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """Records the trial's score (if any) for the next draws; a second call is ignored."""
         record = self._suggested.get(trial_id)
         if record is None or record["completed"]:
             return
+        assert self._metric is not None  # suggest() refuses without a metric (needs_metric)
         record["completed"] = True
         score = None if error or not result else result.get(self._metric)
         if isinstance(score, numbers.Real) and not isinstance(score, bool) and math.isfinite(score):
@@ -209,7 +219,10 @@ class DPHyPOSearcher(RunCountSearcher):
     def _restore_extra(self, state: dict[str, Any]) -> None:
         super()._restore_extra(state)
         self._settings, self._budget = state["settings"], state["budget"]
-        self._cells = SearchCells.from_state(self._space, state["cells"]) if state["cells"] else None
+        self._cells = None
+        if state["cells"]:
+            assert self._space is not None  # cells are saved only once the space is set
+            self._cells = SearchCells.from_state(self._space, state["cells"])
         self._sampler = self._new_sampler() if self._cells else None
         if self._sampler is not None:
             self._sampler.set_state(state["sampler"])
@@ -223,4 +236,5 @@ class DPHyPOSearcher(RunCountSearcher):
         self._sampler = self._new_sampler()
 
     def _new_sampler(self) -> BoundedDensitySampler:
+        assert self._cells is not None  # built before the sampler
         return BoundedDensitySampler(self._cells.prior, rng=self._rng, **self._settings)

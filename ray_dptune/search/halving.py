@@ -20,7 +20,10 @@ Two routes (``SearchMechanism.halving``, :mod:`~ray_dptune.accounting.halving_bu
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+from ray.tune.schedulers import TrialScheduler
 
 from ray_dptune.accounting.distributions import RunCountDistribution
 from ray_dptune.accounting.search_mechanism import HalvingMechanism, SearchMechanism
@@ -42,6 +45,12 @@ _BRACKETS_COVERAGE = (
 )
 
 
+class _Knobs(TypedDict):
+    grace_period: int
+    reduction_factor: float
+    max_t: int
+
+
 class HalvingSearcher(PrivateSearcher):
     """Uniform configurations, bracket after bracket, while the budget pays for a first segment.
 
@@ -59,6 +68,8 @@ class HalvingSearcher(PrivateSearcher):
         "in the plan)"
     )
     coverage = _COMPOSITION_COVERAGE
+    scheduler: TrialScheduler | None = None
+    """The PrivateASHAScheduler that built this searcher (``private_tune_config``'s default scheduler)."""
 
     def __init__(
         self,
@@ -74,7 +85,7 @@ class HalvingSearcher(PrivateSearcher):
         seed: int | None = None,
     ):
         super().__init__(metric=metric, mode=mode, seed=seed)
-        self._knobs = {"grace_period": grace_period, "reduction_factor": reduction_factor, "max_t": max_t}
+        self._knobs: _Knobs = {"grace_period": grace_period, "reduction_factor": reduction_factor, "max_t": max_t}
         self.rungs = [Rungs(**self._knobs, mode=mode)]  # one per bracket opened
         if repetitions is not None and not isinstance(repetitions, RunCountDistribution):
             raise TypeError(f"repetitions must be a law of K such as Poisson(mean=4), got {repetitions!r}.")
@@ -119,7 +130,7 @@ class HalvingSearcher(PrivateSearcher):
         """
         self.record_event({"type": "charged", "trial_id": trial_id, "units": int(units)})
 
-    def record_suggestion(self, trial_id: str, config: dict[str, Any]) -> None:
+    def record_suggestion(self, trial_id: str, config: Mapping[str, Any]) -> None:
         """Records the suggestion with its first segment's charge, before Tune may start it."""
         self.record_event(
             {
@@ -147,7 +158,7 @@ class HalvingSearcher(PrivateSearcher):
             details["released_trial_id"] = max(winners)[1]  # the best bracket winner
         return details
 
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """Nothing to learn: configurations never depend on results (the scheduler ranks the scores)."""
 
     def _done(self) -> bool:
@@ -160,6 +171,7 @@ class HalvingSearcher(PrivateSearcher):
         return False
 
     def _propose(self, trial_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        assert self._space is not None  # suggest() refuses to propose without a space
         config = sample_config(self._space, self._rng)
         return config, {"config": config, "bracket": len(self.rungs) - 1}
 

@@ -48,6 +48,7 @@ def project_to_bounded_density(
     mass = (weights * hi).sum() + np.concatenate([[0.0], np.cumsum(slopes[:-1] * np.diff(events))])
     # mass[k] = g(events[k]), non-increasing from Σ w·hi = C ≥ 1 to Σ w·lo = c ≤ 1
     k = int(np.searchsorted(-mass, -1.0, side="left"))
+    shift: float
     if k == 0:
         shift = events[0]
     elif k == events.size:

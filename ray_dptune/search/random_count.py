@@ -52,8 +52,9 @@ class RandomCountSearcher(RunCountSearcher):
             self._set_space(space)
 
     def _propose(self, trial_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        assert self._space is not None  # suggest() refuses to propose without a space
         config = sample_config(self._space, self._rng)
         return config, config
 
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """Results never change what comes next: the search is not adaptive."""

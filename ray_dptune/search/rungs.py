@@ -45,7 +45,8 @@ class Rungs:
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}.")
         self.reduction_factor = float(reduction_factor)
         self.mode = mode
-        milestones, milestone = [], float(self.grace_period)
+        milestones: list[int] = []
+        milestone = float(self.grace_period)
         while round(milestone) < self.max_t:
             if not milestones or round(milestone) > milestones[-1]:
                 milestones.append(round(milestone))

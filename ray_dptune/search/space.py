@@ -133,12 +133,12 @@ def space_fingerprint(space: Any) -> str:
 class NumericAxis:
     """One bounded numeric Tune domain as a coordinate u in [0, 1) of the unit cube."""
 
-    def __init__(self, path: tuple, domain: Float | Integer):
-        sampler = domain.get_sampler()
-        self.q = None
+    def __init__(self, path: tuple[Any, ...], domain: Float | Integer):
+        sampler = domain.get_sampler()  # type: ignore[no-untyped-call]  # Ray leaves get_sampler unannotated
+        self.q: float | None = None
         if isinstance(sampler, Quantized):
             self.q = sampler.q
-            sampler = sampler.get_sampler()
+            sampler = sampler.get_sampler()  # type: ignore[no-untyped-call]  # Ray leaves get_sampler unannotated
         if not isinstance(sampler, (Uniform, LogUniform)):  # a bad value of a Tune space, as Tune says too
             raise ValueError(  # noqa: TRY004
                 f"{'/'.join(map(str, path))}: a {type(domain).__name__} domain with sampler "
@@ -180,7 +180,7 @@ class NumericAxis:
 class DiscreteAxis:
     """A ``choice`` or ``grid_search``: n values, each of prior probability 1/n."""
 
-    def __init__(self, path: tuple, categories: list):
+    def __init__(self, path: tuple[Any, ...], categories: list[Any]):
         self.path, self.values = path, list(categories)
         numeric = all(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in self.values)
         distinct = sorted({float(v) for v in self.values}) if numeric else []
@@ -204,10 +204,10 @@ class SpaceAxes:
     value index per discrete axis); the surrogate's features of a point lie in [0, 1].
     """
 
-    space: dict
+    space: dict[str, Any]
     numeric: tuple[NumericAxis, ...]
     discrete: tuple[DiscreteAxis, ...]
-    functions: tuple[tuple[tuple, Function], ...]
+    functions: tuple[tuple[tuple[Any, ...], Function], ...]
 
     def combos(self) -> np.ndarray:
         """(n_disc, len(discrete)) every combination of discrete value indices, last axis fastest."""
@@ -219,10 +219,10 @@ class SpaceAxes:
     def config(self, u: np.ndarray, combo: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
         """The configuration at ``u``, ``combo``; ``sample_from`` functions resolved last, from ``rng``."""
         config = copy.deepcopy(self.space)
-        for axis, t in zip(self.numeric, u):
-            assign_value(config, axis.path, axis.value(float(t)))
-        for axis, index in zip(self.discrete, combo):
-            assign_value(config, axis.path, _plain(axis.values[index]))
+        for numeric, t in zip(self.numeric, u):
+            assign_value(config, numeric.path, numeric.value(float(t)))
+        for discrete, index in zip(self.discrete, combo):
+            assign_value(config, discrete.path, _plain(discrete.values[index]))
         for path, domain in self.functions:
             assign_value(config, path, _plain(domain.sample(config=config, random_state=rng)))
         return config
@@ -243,7 +243,7 @@ class SpaceAxes:
         return np.hstack([self.numeric_features(u), self.discrete_features(combos)])
 
 
-def read_space(space: dict) -> SpaceAxes:
+def read_space(space: dict[str, Any]) -> SpaceAxes:
     """The axes of ``space``, in the order of Ray's parser (grid searches last).
 
     Raises:
@@ -252,7 +252,9 @@ def read_space(space: dict) -> SpaceAxes:
     """
     check_space(space)
     _, domain_vars, grid_vars = parse_spec_vars(space)
-    numeric, discrete, functions = [], [], []
+    numeric: list[NumericAxis] = []
+    discrete: list[DiscreteAxis] = []
+    functions: list[tuple[tuple[Any, ...], Function]] = []
     for path, domain in domain_vars:
         if isinstance(domain, Function):
             functions.append((path, domain))
@@ -272,7 +274,7 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Every path into a nested space, depth first in the space's own order, named as Ray's parser names them."""
     items = node.items() if isinstance(node, Mapping) else enumerate(node)
     paths = []
