@@ -20,6 +20,7 @@ clipping computes its clipping factor inside its module and has none to normalis
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from opacus.optimizers import DPOptimizer
@@ -44,7 +45,7 @@ class AutomaticClipDPOptimizer(InPlaceNoiseDPOptimizer):
     """
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, *, stability: float = AUTOMATIC_DEFAULT_STABILITY, **kwargs
+        self, optimizer: torch.optim.Optimizer, *, stability: float = AUTOMATIC_DEFAULT_STABILITY, **kwargs: Any
     ) -> None:
         """Wraps ``optimizer``; ``kwargs`` are ``DPOptimizer``'s (noise_multiplier, max_grad_norm, ...).
 

@@ -163,7 +163,7 @@ class CanaryAudit:
         labels = rng.integers(0, self.num_classes, size=self.canaries)
         return TensorDataset(torch.as_tensor(inputs, dtype=like.dtype), torch.as_tensor(labels, dtype=torch.int64))
 
-    def training_set(self, train_set: Dataset) -> Dataset:
+    def training_set(self, train_set: Dataset[Any]) -> Dataset[Any]:
         """``train_set`` with the inserted canaries appended (the set DP-SGD trains on)."""
         canaries = self.examples(train_set[0][0])
         inserted = Subset(canaries, np.flatnonzero(self.inclusion()).tolist())

@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, Protocol, cast, get_args, runtime_checkable
 
 from opacus.optimizers import DPOptimizer
 
@@ -200,21 +200,26 @@ def clipping_from_config(
         raise ValueError(
             f"clipping='oso' learns SGD's learning rate (Galli et al. derive it for SGD only); got optimizer={optimizer!r}."
         )
-    settings = OSOClipping(
+    oso = OSOClipping(
         rho_c=_number(config, "oso_rho_c", OSO_DEFAULT_RATE, low=0.0),
         rho_r=_number(config, "oso_rho_r", OSO_DEFAULT_RATE, low=0.0),
         noise_multiplier_q=_number(
             config, "oso_noise_multiplier_q", default_noise_multiplier_q(noise_multiplier=noise_multiplier), low=0.0
         ),
     )
-    gradient_noise_multiplier(noise_multiplier=noise_multiplier, noise_multiplier_q=settings.noise_multiplier_q)
-    return settings
+    gradient_noise_multiplier(noise_multiplier=noise_multiplier, noise_multiplier_q=oso.noise_multiplier_q)
+    return oso
 
 
 def _number(config: Mapping[str, Any], key: str, default: float, *, low: float, high: float = math.inf) -> float:
     """``config[key]`` (or ``default``), a finite real in [low, high]."""
     value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, Real) or not low <= value <= high or math.isinf(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, Real)
+        or not low <= cast(float, value) <= high
+        or math.isinf(value)
+    ):
         raise ValueError(f"config[{key!r}] must be a finite number in [{low:g}, {high:g}], got {value!r}.")
     return float(value)
 
@@ -236,4 +241,4 @@ def restore_clipping_state(clipping: Clipping, optimizer: DPOptimizer, state: di
     if saved_mode != clipping.mode:
         raise ValueError(f"The checkpoint was trained with clipping={saved_mode!r}, this trial uses {clipping.mode!r}.")
     if isinstance(optimizer, StatefulClipping):
-        optimizer.load_clipping_state_dict(state)
+        optimizer.load_clipping_state_dict(cast(dict[str, Any], state))  # None only for fixed clipping

@@ -51,7 +51,7 @@ __all__ = [
 ConcreteMode = Literal["hooks", "ew", "functorch", "ghost"]
 """Opacus's own modes (``make_private(grad_sample_mode=...)``)."""
 
-GRAD_SAMPLE_MODES: tuple[str, ...] = get_args(ConcreteMode)
+GRAD_SAMPLE_MODES: tuple[ConcreteMode, ...] = get_args(ConcreteMode)
 AUTO = "auto"
 """Resolved per trial by :func:`choose_grad_sample_mode`."""
 

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
+from opacus.optimizers import DPOptimizer
 from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from opacus.validators import ModuleValidator
 from torch import nn
@@ -46,7 +47,7 @@ from ray_dptune.training.clipping import (
 from ray_dptune.training.grad_sample import resolve_grad_sample_mode
 from ray_dptune.training.partition import Partition
 from ray_dptune.training.plan import PrivacyParams, trial_plan
-from ray_dptune.training.spec import Hyperparameters, LossFn, TrainSpec
+from ray_dptune.training.spec import Hyperparameters, LossFn, OptimizerName, TrainSpec
 from ray_dptune.training.state import SpendGuard, TrainState
 
 __all__ = ["Report", "train", "train_step"]
@@ -56,7 +57,10 @@ logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any], str], None]
 """``report(metrics, checkpoint_dir)``: publish one epoch's metrics and checkpoint directory."""
 
-_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+_OPTIMIZERS: dict[OptimizerName, type[torch.optim.SGD | torch.optim.Adam]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+}
 # Modes whose per-sample gradient code rejects a batch of size 0 (measured with Opacus 1.6).
 _EMPTY_BATCH_UNSUPPORTED = frozenset({"ew", "functorch"})
 _EVAL_BATCH_SIZE = 1024
@@ -72,7 +76,7 @@ class _Run:
     optimizer: torch.optim.Optimizer  # a DPOptimizer when private
     inner_optimizer: torch.optim.Optimizer  # the non-private optimizer, checkpointed
     criterion: Callable[..., Any]
-    loader: DataLoader
+    loader: DataLoader[Any]
     zero_weight_empty_batches: bool
     grad_sample_mode: str | None = None  # the resolved Opacus mode when private
 
@@ -157,20 +161,20 @@ def train(
         PrivacyError: the run would not match or would exceed its plan.
     """
     hyper, params, partition, clipping = _settings(config, spec)
-    private = clipping is not None
     if partition is not None and spec.audit is not None:
         raise ValueError(f"A canary audit covers a search over the whole training set, not {PARTITION_KEY!r} parts.")
     train_set, val_set, planned_size = spec.training_data(config)
     if partition is not None:
         train_set = partition.subset(train_set)
         planned_size = len(train_set)
-    plan = trial_plan(params, planned_size) if private else None
+    plan = None if clipping is None else trial_plan(params, planned_size)
     if resume is not None and resume.plan != plan:
         raise PrivacyError(f"The checkpoint's plan {resume.plan} differs from this trial's plan {plan}.")
-    guard = SpendGuard(plan, resume.spent if resume else None) if private else None
+    guard = None if plan is None else SpendGuard(plan, resume.spent if resume else None)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     randomness = _Randomness(spec.seed, device)
-    if private:
+    if clipping is not None:
+        assert guard is not None
         run = _prepare_run(
             config,
             spec,
@@ -183,7 +187,8 @@ def train(
             clipping=clipping,
             planned_size=planned_size,
         )
-        run.optimizer.attach_step_hook(guard.step_hook)  # replaces the PrivacyEngine accountant's hook
+        # Replaces the PrivacyEngine accountant's hook.
+        cast(DPOptimizer, run.optimizer).attach_step_hook(guard.step_hook)
     else:
         run = _prepare_plain_run(config, spec, params, hyper, train_set, resume, randomness, device)
     initial = _initial_weights(spec, run.module, resume)
@@ -200,20 +205,20 @@ def train(
         randomness.start_epoch(epoch)
         _train_epoch(run, device)
         correct = _count_correct(run.module, val_set, device)
-        score = _release_score(correct, len(val_set), params.score_noise_multiplier, guard, randomness)
+        score = _release_score(correct, len(cast(Sized, val_set)), params.score_noise_multiplier, guard, randomness)
         state = TrainState(
             epoch + 1,
             score,
             plan,
-            guard.spent if private else None,
+            None if guard is None else guard.spent,
             run.module.state_dict(),
             run.inner_optimizer.state_dict(),
-            clipping_state(clipping, run.optimizer) if private else None,
+            None if clipping is None else clipping_state(clipping, run.optimizer),
             initial,
         )
         counts = audit.counts(run.module) if audit is not None and epoch + 1 == params.epochs else None
         _report_state(report, spec.metric, state, audit=counts)
-    return guard.spent if private else None
+    return None if guard is None else guard.spent
 
 
 def _settings(
@@ -230,6 +235,7 @@ def _settings(
                 "its score cannot be a private release: use a public validation set (score_noise_multiplier=None)."
             )
         return hyper, params, partition, None
+    assert params.noise_multiplier is not None  # PrivacyParams.resolve requires it
     clipping = clipping_from_config(
         config,
         noise_multiplier=params.noise_multiplier,
@@ -266,7 +272,7 @@ def _prepare_run(
     spec: TrainSpec,
     params: PrivacyParams,
     hyper: Hyperparameters,
-    train_set: Dataset,
+    train_set: Dataset[Any],
     resume: TrainState | None,
     randomness: _Randomness,
     device: torch.device,
@@ -277,7 +283,7 @@ def _prepare_run(
     """Model, optimizer and Poisson loader, restored from ``resume`` and made private; the loader samples
     ``train_set`` at q = batch_size / ``planned_size`` (default: its size; more with an audit's canaries)."""
     model, optimizer = _model_and_optimizer(config, spec, hyper, resume, device)
-    planned_size = len(train_set) if planned_size is None else planned_size
+    planned_size = len(cast(Sized, train_set)) if planned_size is None else planned_size
     sample_rate, steps_per_epoch = sampling_schedule(planned_size, params.batch_size)
     # Built here so that q is exactly batch_size / n; make_private(poisson_sampling=True)
     # would rebuild it at q = 1 / ceil(n / batch_size).
@@ -325,7 +331,7 @@ def _prepare_plain_run(
     spec: TrainSpec,
     params: PrivacyParams,
     hyper: Hyperparameters,
-    train_set: Dataset,
+    train_set: Dataset[Any],
     resume: TrainState | None,
     randomness: _Randomness,
     device: torch.device,
@@ -360,6 +366,7 @@ def _report_state(report: Report, metric: str, state: TrainState, *, audit: Audi
     if state.plan is None:
         metrics[PRIVATE_KEY] = False
     else:
+        assert state.spent is not None  # recorded with every plan
         metrics.update({PLAN_KEY: state.plan.to_dict(), SPENT_KEY: state.spent.to_dict()})
     with tempfile.TemporaryDirectory() as directory:
         state.save(directory)
@@ -408,7 +415,7 @@ def _step_on_batch(run: _Run, inputs: torch.Tensor, targets: torch.Tensor, devic
 
 
 @torch.no_grad()
-def _count_correct(module: nn.Module, dataset: Dataset, device: torch.device) -> int:
+def _count_correct(module: nn.Module, dataset: Dataset[Any], device: torch.device) -> int:
     """Number of examples whose arg-max logit is the target; ``module`` is the unwrapped model."""
     module.eval()
     correct = 0
@@ -451,6 +458,7 @@ def _release_score(
     """Accuracy; with a score σ, (correct + N(0, σ²)) / total, the Gaussian mechanism on a count."""
     if score_noise_multiplier is None:
         return correct / total
+    assert guard is not None  # a non-private part has no score noise (_settings)
     guard.release_score()
     return (correct + randomness.gaussian(score_noise_multiplier)) / total
 

@@ -34,7 +34,7 @@ otherwise the noise goes into a fresh tensor. As in Opacus, a sum is never noise
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
@@ -45,8 +45,24 @@ _NOISED = "_ray_dptune_noised"  # set on a summed gradient once its noise is add
 # Opacus's adaptive clipping (opacus.utils.adaptive_clipping) noises with this instead of noise_multiplier.
 _ADJUSTED_NOISE_MULTIPLIER = "_adjusted_noise_multiplier"
 
+if TYPE_CHECKING:
 
-class _InPlaceNoise:
+    class _DPOptimizerBase:
+        """What the mixin below uses of Opacus's ``DPOptimizer``, which ships no type hints."""
+
+        secure_mode: bool
+        noise_multiplier: float
+        max_grad_norm: float
+        generator: torch.Generator | None
+        params: list[Any]  # parameters carrying Opacus's summed_grad and grad_sample
+
+        def add_noise(self) -> None: ...
+
+else:
+    _DPOptimizerBase = object
+
+
+class _InPlaceNoise(_DPOptimizerBase):
     """``add_noise`` drawing into existing memory; mixed into Opacus's optimizers below."""
 
     def add_noise(self) -> None:
@@ -70,18 +86,21 @@ class _InPlaceNoise:
         return p.grad if _reusable(p.grad, summed) else _fresh(summed)
 
 
-class InPlaceNoiseDPOptimizer(_InPlaceNoise, DPOptimizer):
+class InPlaceNoiseDPOptimizer(_InPlaceNoise, DPOptimizer):  # type: ignore[misc]  # Opacus is untyped
     """Opacus's :class:`~opacus.optimizers.DPOptimizer` (flat clipping), its noise drawn into ``p.grad``."""
 
 
-class InPlaceNoiseDPOptimizerFastGradientClipping(_InPlaceNoise, DPOptimizerFastGradientClipping):
+class InPlaceNoiseDPOptimizerFastGradientClipping(
+    _InPlaceNoise,
+    DPOptimizerFastGradientClipping,  # type: ignore[misc]  # Opacus is untyped
+):
     """Opacus's ghost-clipping optimizer without its copies: the sum taken over, the noise in a kept buffer.
 
     The buffer (one tensor per parameter) is ``p.grad`` after a step and is overwritten by
     the next step's noise: copy ``p.grad`` to keep a step's gradient.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._buffers: dict[int, torch.Tensor] = {}
 
@@ -136,7 +155,7 @@ def rebuilt(dp_optimizer: DPOptimizer, optimizer_class: type[DPOptimizer], **set
     return optimizer
 
 
-def _reusable(target: torch.Tensor | None, summed: torch.Tensor) -> bool:
+def _reusable(target: torch.Tensor | None, summed: torch.Tensor) -> TypeGuard[torch.Tensor]:
     """``target`` can take the noise: the sum's layout, its own whole storage, none of the sum's."""
     return (
         target is not None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from opacus.optimizers import DPOptimizer
@@ -58,7 +58,7 @@ def gradient_noise_multiplier(*, noise_multiplier: float, noise_multiplier_q: fl
             f"got ν = {noise_multiplier} and ν_q = {noise_multiplier_q}; the paper's rule of thumb is "
             f"ν_q ≈ 7.124·ν = {default_noise_multiplier_q(noise_multiplier=noise_multiplier):.4g}."
         )
-    return (noise_multiplier**-2 - noise_multiplier_q**-2) ** -0.5
+    return cast(float, (noise_multiplier**-2 - noise_multiplier_q**-2) ** -0.5)  # real: ν_q > ν > 0
 
 
 def default_noise_multiplier_q(*, noise_multiplier: float) -> float:
@@ -71,10 +71,10 @@ def per_sample_norms(grad_samples: list[torch.Tensor]) -> torch.Tensor:
     if len(grad_samples[0]) == 0:
         return torch.zeros((0,), device=grad_samples[0].device)
     norms = [g.reshape(len(g), -1).norm(2, dim=-1) for g in grad_samples]
-    return torch.stack([n.to(norms[0].device) for n in norms], dim=1).norm(2, dim=1)
+    return cast(torch.Tensor, torch.stack([n.to(norms[0].device) for n in norms], dim=1).norm(2, dim=1))
 
 
-class OSODPOptimizer(DPOptimizer):
+class OSODPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyped
     """Algorithm 1 of Galli et al. as an Opacus optimizer around plain SGD.
 
     ``noise_multiplier`` is ν, the multiplier the step is accounted at (Opacus's
@@ -189,14 +189,15 @@ class OSODPOptimizer(DPOptimizer):
         std = self.gradient_noise_multiplier * self.max_grad_norm
         for p in self.params:
             p.grad = (p.summed_grad + gaussian_noise(std, p.summed_grad, **noise)).view_as(p)
-        self._noisy_q = [summed + gaussian_noise(self.noise_multiplier_q, summed, **noise) for summed in self._summed_q]
+        summed_q = cast(list[torch.Tensor], self._summed_q)  # all set by clip_and_accumulate
+        self._noisy_q = [summed + gaussian_noise(self.noise_multiplier_q, summed, **noise) for summed in summed_q]
 
     def scale_grad(self) -> None:
         """Divides g̃ and q̃ by the expected batch size (the 1/|B| of lines 11 and 13)."""
         super().scale_grad()
         if self.loss_reduction == "mean":
             divisor = self.expected_batch_size * self.accumulated_iterations
-            self._noisy_q = [q / divisor for q in self._noisy_q]
+            self._noisy_q = [q / divisor for q in cast(list[torch.Tensor], self._noisy_q)]  # set by add_noise
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Clears the per-step sums with Opacus's (kept when a step was skipped for accumulation)."""
@@ -212,7 +213,7 @@ class OSODPOptimizer(DPOptimizer):
         if not self.pre_step():
             return None
         gradient = [p.grad.detach().clone() for p in self.params]  # g̃_t, before the wrapped step can touch it
-        loss = self.original_optimizer.step()
+        loss: float | None = self.original_optimizer.step()
         self._learn(gradient)
         return loss
 
@@ -254,7 +255,7 @@ def gaussian_noise(
     §5.1, n = 2), as Opacus's ``secure_mode``: the sum of 4 draws halved, after one
     discarded draw, so the low bits of a sample do not reveal the unnoised value.
     """
-    shape = {"size": reference.shape, "device": reference.device, "generator": generator}
+    shape: dict[str, Any] = {"size": reference.shape, "device": reference.device, "generator": generator}
     if std == 0:
         return torch.zeros_like(reference)
     if not secure:
@@ -271,7 +272,7 @@ def _sign_of_dot(current: list[torch.Tensor], previous: list[torch.Tensor] | Non
     if previous is None:
         return 0.0
     dot = sum(torch.sum(a.double() * b.to(a.device).double()) for a, b in zip(current, previous))
-    return float(torch.sign(dot))
+    return float(torch.sign(cast(torch.Tensor, dot)))  # a tensor: there is at least one parameter
 
 
 def _clamp(log_value: float) -> float:

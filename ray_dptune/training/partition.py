@@ -17,10 +17,10 @@ The items of the data set must be deterministic (no random augmentation in
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -74,20 +74,20 @@ class Partition:
             )
         return cls(**value)
 
-    def subset(self, dataset: Dataset) -> Subset:
+    def subset(self, dataset: Dataset[Any]) -> Subset[Any]:
         """This part of ``dataset``, in the data set's order."""
         indices = np.flatnonzero(partition_indices(dataset, self.count) == self.index)
         return Subset(dataset, indices.tolist())
 
 
-def partition_indices(dataset: Dataset, count: int) -> np.ndarray:
+def partition_indices(dataset: Dataset[Any], count: int) -> np.ndarray:
     """The part (0 .. count-1) of every example of ``dataset``: a keyed BLAKE2b hash of its content, mod count.
 
     Raises:
         TypeError: an item is not a tuple or list of tensors, arrays or numbers.
     """
-    parts = np.empty(len(dataset), dtype=np.int64)
-    for position in range(len(dataset)):
+    parts = np.empty(len(cast(Sized, dataset)), dtype=np.int64)
+    for position in range(len(cast(Sized, dataset))):
         digest = hashlib.blake2b(digest_size=8, key=_HASH_KEY)
         _hash_item(digest, dataset[position])
         parts[position] = int.from_bytes(digest.digest(), "little") % count
@@ -110,6 +110,6 @@ def _hash_item(digest: Any, item: Any) -> None:
     digest.update(array.tobytes())
 
 
-def part_sizes(dataset: Dataset, count: int) -> np.ndarray:
+def part_sizes(dataset: Dataset[Any], count: int) -> np.ndarray:
     """The number of examples of ``dataset`` in each of ``count`` parts."""
     return np.bincount(partition_indices(dataset, count), minlength=count)

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, cast
 
 from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
 
@@ -96,13 +96,14 @@ PRIVACY_KEYS: tuple[str, ...] = tuple(f.name for f in fields(PrivacyParams))
 def trial_plan(params: PrivacyParams, dataset_size: int) -> TrialSpend:
     """The most one trial will spend: every epoch's steps and one score release per epoch."""
     params.require_noise()
+    assert params.noise_multiplier is not None
     sample_rate, steps_per_epoch = sampling_schedule(dataset_size, params.batch_size)
     noisy_scores = params.score_noise_multiplier is not None
     return TrialSpend(
         sample_rate=sample_rate,
         noise_multiplier=float(params.noise_multiplier),
         steps=params.epochs * steps_per_epoch,
-        score_noise_multiplier=float(params.score_noise_multiplier) if noisy_scores else None,
+        score_noise_multiplier=None if params.score_noise_multiplier is None else float(params.score_noise_multiplier),
         score_releases=params.epochs if noisy_scores else 0,
     )
 
@@ -186,7 +187,7 @@ def _worst_end(key: str, domain: Any, *, integer: bool) -> Any:
 
 
 def _check_positive_real(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < cast(float, value) < math.inf:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
 
 

@@ -19,7 +19,7 @@ divides by the expected batch size, as TF Privacy's ``QuantileEstimatorQuery`` d
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
@@ -55,7 +55,7 @@ def quantile_gradient_noise_multiplier(*, noise_multiplier: float, unclipped_num
             f"Theorem 1), got ν = {noise_multiplier} and unclipped_num_std = {unclipped_num_std}: "
             f"set config['unclipped_num_std'] above {noise_multiplier / 2:g}."
         )
-    return (noise_multiplier**-2 - (2 * unclipped_num_std) ** -2) ** -0.5
+    return cast(float, (noise_multiplier**-2 - (2 * unclipped_num_std) ** -2) ** -0.5)  # real: 2σ_b > ν > 0
 
 
 def default_unclipped_num_std(expected_batch_size: float) -> float:
@@ -63,7 +63,7 @@ def default_unclipped_num_std(expected_batch_size: float) -> float:
     return expected_batch_size / 20
 
 
-class QuantileClipDPOptimizer(AdaClipDPOptimizer):
+class QuantileClipDPOptimizer(AdaClipDPOptimizer):  # type: ignore[misc]  # Opacus is untyped
     """Opacus's adaptive clipping with a count of sensitivity ½ and a public divisor (see the module).
 
     ``noise_multiplier`` is ν, the accounted multiplier (Opacus's noise split applies
@@ -71,6 +71,9 @@ class QuantileClipDPOptimizer(AdaClipDPOptimizer):
     Examples whose gradient is exactly 0 (the loop's zero-weighted placeholder for an
     empty Poisson batch) add 0 to the count, so it never moves by more than ½.
     """
+
+    max_grad_norm: float
+    unclipped_num: float | torch.Tensor
 
     def __init__(
         self,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 from torch import nn
@@ -77,7 +77,7 @@ class TrainSpec:
     """
 
     model_fn: Callable[[Mapping[str, Any]], nn.Module]
-    data_fn: Callable[[Mapping[str, Any]], tuple[Dataset, Dataset]]
+    data_fn: Callable[[Mapping[str, Any]], tuple[Dataset[Any], Dataset[Any]]]
     loss_fn: LossFn
     privacy: PrivacyParams
     metric: str = "val_acc"
@@ -99,14 +99,14 @@ class TrainSpec:
         if self.audit is not None and not isinstance(self.audit, CanaryAudit):
             raise TypeError(f"audit must be a ray_dptune.training.CanaryAudit or None, got {self.audit!r}.")
 
-    def training_data(self, config: Mapping[str, Any]) -> tuple[Dataset, Dataset, int]:
+    def training_data(self, config: Mapping[str, Any]) -> tuple[Dataset[Any], Dataset[Any], int]:
         """``data_fn(config)`` with the audit's inserted canaries appended to the training set, and
         the size DP-SGD's plan samples from (q = batch_size / size): the training set's, plus every
         canary, inserted or not (:meth:`~ray_dptune.training.CanaryAudit.planned_size`)."""
         train_set, val_set = self.data_fn(config)
         if self.audit is None:
-            return train_set, val_set, len(train_set)
-        return self.audit.training_set(train_set), val_set, self.audit.planned_size(len(train_set))
+            return train_set, val_set, len(cast(Sized, train_set))
+        return self.audit.training_set(train_set), val_set, self.audit.planned_size(len(cast(Sized, train_set)))
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class Hyperparameters:
             if key not in config:
                 raise ValueError(MISSING_HYPERPARAMETER.format(key=key, what=what))
             value = config[key]
-            if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
+            if isinstance(value, bool) or not isinstance(value, Real) or not 0 < cast(float, value) < math.inf:
                 raise ValueError(f"config[{key!r}] (the {what}) must be a finite number > 0, got {value!r}.")
             values[key] = float(value)
         return cls(**values)

@@ -9,8 +9,8 @@ The trainable reports, with every ``tune.report``, the score plus its privacy pl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sized
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ __all__ = ["DPTrainable", "dp_trainable"]
 
 def dp_trainable(
     model_fn: Callable[[Mapping[str, Any]], nn.Module],
-    data_fn: Callable[[Mapping[str, Any]], tuple[Dataset, Dataset]],
+    data_fn: Callable[[Mapping[str, Any]], tuple[Dataset[Any], Dataset[Any]]],
     loss_fn: LossFn = torch.nn.functional.cross_entropy,
     *,
     noise_multiplier: float | None = None,
@@ -218,7 +218,9 @@ class DPTrainable:
         train_set = self._train_set(rest)
         sizes = {count: part_sizes(train_set, count) for count in {p.count for p in partitions if p is not None}}
         plans = [
-            space_plan(rest, self.spec.privacy, len(train_set) if p is None else int(sizes[p.count][p.index]))
+            space_plan(
+                rest, self.spec.privacy, len(cast(Sized, train_set)) if p is None else int(sizes[p.count][p.index])
+            )
             for p in partitions
         ]
         plan = dominant_plan(plans)
@@ -230,7 +232,7 @@ class DPTrainable:
             )
         return plan
 
-    def _train_set(self, param_space: Mapping[str, Any]) -> Dataset:
+    def _train_set(self, param_space: Mapping[str, Any]) -> Dataset[Any]:
         return self.spec.data_fn(self._fixed(param_space))[0]
 
     @staticmethod
