@@ -93,17 +93,23 @@ class DPBOSearcher(PrivateSearcher):
 
     Args:
         num_trials: T ≥ 1.
-        metric, mode: the validation gain and 'max'/'min' (or from ``tune.TuneConfig``).
+        metric: the validation gain (or from ``tune.TuneConfig``).
+        mode: 'max' or 'min' (or from ``tune.TuneConfig``).
         space: the Tune search space (or ``param_space`` of the Tuner).
         epsilon: ε > 0 of each release. delta: δ ∈ (0, 1) of each release (algorithm 1);
             None or 0 for algorithm 3.
         algorithm: 1 or 3 (2 raises). release: "both", "config" (λ̃) or "score" (ṽ).
         k1: k1(V, V') ∈ [0, 1], a lower bound over neighbouring validation sets (§6: 0.95).
-        kernel, lengthscale, noise_variance: the fixed k2 and σ² (GP units).
-        prior_mean, prior_std: fixed affine map: (metric − prior_mean)/prior_std ~ GP(0, k2).
+        kernel: the fixed kernel k2.
+        lengthscale: k2's lengthscale (GP units).
+        noise_variance: σ² (GP units).
+        prior_mean: with ``prior_std``, the fixed affine map (metric − prior_mean)/prior_std ~ GP(0, k2).
+        prior_std: see ``prior_mean``.
         num_candidates: Sobol points for the numeric domains (per discrete combination).
-        lipschitz, g_star, validation_size, reg_key: L, g*, m and the config key of λ
-            (the L2 weight of eq. 10) for algorithm 3.
+        lipschitz: L, for algorithm 3.
+        g_star: g*, for algorithm 3.
+        validation_size: m, for algorithm 3.
+        reg_key: the config key of λ (the L2 weight of eq. 10), for algorithm 3.
         seed: for tests and reproducibility; None draws from the OS's secure source.
 
     Example:

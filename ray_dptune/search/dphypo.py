@@ -89,7 +89,8 @@ class DPHyPOSearcher(RunCountSearcher):
     Args:
         distribution: law of T, a :class:`TruncatedNegativeBinomial` (Theorem 1)
             or a :class:`PointMass` (composition); others raise UnsupportedBoundError.
-        metric, mode: the score and 'max'/'min' (or from ``tune.TuneConfig``).
+        metric: the score (or from ``tune.TuneConfig``).
+        mode: 'max' or 'min' (or from ``tune.TuneConfig``).
         space: the Tune search space (or ``param_space`` of the Tuner).
         upper: C ≥ 1 (default 1.5). lower: c in (0, 1] (default 0.75). The paper uses C = 2, c = 0.75.
         beta: softmax inverse temperature on standardised UCB scores.

@@ -55,10 +55,14 @@ class HalvingSearcher(PrivateSearcher):
     """Uniform configurations, bracket after bracket, while the budget pays for a first segment.
 
     Args:
-        grace_period, reduction_factor, max_t: the milestones (:class:`~ray_dptune.search.rungs.Rungs`).
+        grace_period: the first milestone (:class:`~ray_dptune.search.rungs.Rungs`).
+        reduction_factor: the milestones' ratio.
+        max_t: the last milestone.
         budget_units: time units one bracket's trials together may run.
         repetitions: None for one bracket; else the law K (the number of brackets) is drawn from, once.
-        metric, mode, seed: as for every DP searcher.
+        metric: the score, as for every DP searcher.
+        mode: "max" or "min".
+        seed: of the configurations' draws; None draws from the OS's secure source.
         space: the Tune space (default: ``param_space``).
     """
 

@@ -68,7 +68,8 @@ class PrivateASHAScheduler(FIFOScheduler):
             or a law of K such as ``Poisson(mean=4)``: K independent brackets, each deciding from its
             own scores, the best bracket winner released (P&S Thms 2/6 over one bracket; purge the rest).
         time_attr: the reported counter of time units (``training_iteration`` by default).
-        metric, mode: the score and its direction (default: ``tune.TuneConfig``'s).
+        metric: the score (default: ``tune.TuneConfig``'s).
+        mode: its direction, "max" or "min" (default: ``tune.TuneConfig``'s).
         space: the Tune space (default: ``param_space``).
         seed: of the configurations' draws (tests); None draws from the OS's secure source.
     """

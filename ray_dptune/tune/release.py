@@ -15,7 +15,7 @@ from ray_dptune.errors import PrivacyError
 from ray_dptune.records.journal import JOURNAL_FILE
 from ray_dptune.records.report import REPORT_FILE, read_report, write_report
 from ray_dptune.records.statement import STATEMENT_FILE, public_statement, write_statement
-from ray_dptune.result_keys import AUDIT_KEY
+from ray_dptune.result_keys import AUDIT_KEY, SEARCH_PLAN_KEY
 
 __all__ = ["ReleasedTrial", "release_best"]
 
@@ -152,9 +152,10 @@ def release_best(
         best, score = _released_trial(trials, report, details, metric, mode)
         trial_id = _trial_id(best)
         state = (report["trials"].get(trial_id) or {}).get("state")
-        statement = public_statement(report, config=dict(best.config), score=score)
+        config = {key: value for key, value in best.config.items() if key != SEARCH_PLAN_KEY}  # the plan is stated
+        statement = public_statement(report, config=config, score=score)
         released = ReleasedTrial(
-            dict(best.config), score, _checkpoint_path(best), guarantee, trial_id, state, statement=statement
+            config, score, _checkpoint_path(best), guarantee, trial_id, state, statement=statement
         )
         keep = _trial_path(best)
         if written.released_trial_id not in (None, trial_id):
