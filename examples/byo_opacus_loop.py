@@ -57,6 +57,7 @@ def breast_cancer() -> tuple[TensorDataset, TensorDataset]:
 TRAIN_SIZE = 455  # len(breast_cancer()[0]): the driver plans without loading the data
 
 
+# --8<-- [start:loop]
 def train_breast_cancer(config: dict) -> None:
     """A plain Opacus loop; σ comes from the config (calibrated by the driver)."""
     torch.manual_seed(0)
@@ -82,6 +83,9 @@ def train_breast_cancer(config: dict) -> None:
         with torch.no_grad():
             accuracy = (model(val.tensors[0]).argmax(dim=1) == val.tensors[1]).float().mean().item()
         tune.report({"val_acc": accuracy, **spend.report()})  # ray_dptune
+
+
+# --8<-- [end:loop]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -154,9 +154,7 @@ def release_best(
         state = (report["trials"].get(trial_id) or {}).get("state")
         config = {key: value for key, value in best.config.items() if key != SEARCH_PLAN_KEY}  # the plan is stated
         statement = public_statement(report, config=config, score=score)
-        released = ReleasedTrial(
-            config, score, _checkpoint_path(best), guarantee, trial_id, state, statement=statement
-        )
+        released = ReleasedTrial(config, score, _checkpoint_path(best), guarantee, trial_id, state, statement=statement)
         keep = _trial_path(best)
         if written.released_trial_id not in (None, trial_id):
             raise PrivacyError(
