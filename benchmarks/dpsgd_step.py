@@ -93,7 +93,7 @@ NOTES = """## Notes
   parameter per step (zeros it discards, the noise, the sum) and ghost's `accumulate` copied
   `p.grad`; on this VM fresh pages cost about as much as the draws. The trainable's optimizers
   draw the same numbers into memory that already exists (bit for bit Opacus's update:
-  `tests/test_noise.py`; `secure_mode` still runs Opacus's own sampler). `opacus-noise / auto` is
+  `tests/training/test_noise.py`; `secure_mode` still runs Opacus's own sampler). `opacus-noise / auto` is
   the speed-up in the same run. The part-by-part split of the MLP's ghost step at batch 64 is
   `benchmarks/results/dpsgd_step_breakdown.md` (`benchmarks/dpsgd_step_breakdown.py`).
 - Floor of the MLP at batch 64 with Opacus's ghost clipping: the draws alone (`normal_` of

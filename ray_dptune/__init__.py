@@ -35,7 +35,7 @@ _LAZY = {
     "private_tuner": "ray_dptune.tune.tuner",
 }
 
-__all__ = [  # the searchers are the registry's (tests/test_searcher_contract.py checks)
+__all__ = [  # the searchers are the registry's (tests/search/test_searcher_contract.py checks)
     "BudgetExceededError",
     "CanaryAudit",
     "ConstantOverheadSearcher",

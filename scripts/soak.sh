@@ -14,11 +14,11 @@ shift || true
 tests=("$@")
 if [[ ${#tests[@]} == 0 ]]; then
     tests=(
-        tests/test_driver_kills.py
-        tests/test_multinode.py
-        tests/test_budget_cap.py
-        "tests/test_private_asha.py -k in_tune or example or legacy"
-        "tests/test_audit.py::test_an_audited_search_reports_epsilon_lower_beside_epsilon_upper"
+        tests/tune/test_driver_kills.py
+        tests/tune/test_multinode.py
+        tests/tune/test_budget_cap.py
+        "tests/tune/test_private_asha.py -k in_tune or example or legacy"
+        "tests/audit/test_audit.py::test_an_audited_search_reports_epsilon_lower_beside_epsilon_upper"
     )
 fi
 

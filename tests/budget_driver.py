@@ -1,4 +1,4 @@
-"""A private_tuner search driven in its own process, for the budget tests (tests/test_budget_cap.py).
+"""A private_tuner search driven in its own process, for the budget tests (tests/tune/test_budget_cap.py).
 
     python tests/budget_driver.py STORAGE NAME SIDE_FILE --k K --epsilon E [--retries R]
                                   [--interrupt-after N] [--restore]

@@ -6,7 +6,7 @@
   ``slow`` (decided per test, not per file); the modules in ``NO_FAST_TESTS`` are not even
   imported then, so that the tier starts without Ray or torch.
 - ``pytest --exhaustive``: also the exhaustive grids (tests marked ``exhaustive``: the whole
-  exact-audit grid of tests/test_exact_audit.py); the default run audits a seeded subset of them.
+  exact-audit grid of tests/accounting/test_exact_audit.py); the default run audits a seeded subset of them.
 - ``pytest --part ray`` / ``--part rest``: the tests on the shared Ray session, or all the others;
   scripts/test.sh runs the two parts at once (the first mostly waits on Ray's processes, the
   second is mostly one core of math).

@@ -1,4 +1,4 @@
-"""A private search driver that SIGKILLs itself at a chosen instant (run by tests/test_driver_kills.py).
+"""A private search driver that SIGKILLs itself at a chosen instant (run by tests/tune/test_driver_kills.py).
 
     python tests/kill_driver.py STORAGE NAME SIDE_FILE --k K [--restore] [--kill EVENT:N] [--kill-after SECONDS]
                                 [--ledger PATH] [--digits] [--dphypo] [--asha]

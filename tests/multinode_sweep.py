@@ -1,6 +1,6 @@
 """Private sweeps on one simulated 3-node Ray cluster: calm, interrupted and restored, then losing a node.
 
-Run by tests/test_multinode.py in its own process (it needs its own Ray cluster, apart
+Run by tests/tune/test_multinode.py in its own process (it needs its own Ray cluster, apart
 from the tests' shared local session). The cluster is started once and the scenarios
 run on it one after the other, each into its own folder: ``calm`` (no failure),
 ``interrupt`` (the driver gets SIGINT once two trials have finished: Tune saves its

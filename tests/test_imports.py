@@ -142,7 +142,7 @@ def test_training_names_the_train_extra(core):
 
 
 def test_core_accounting_api_computes(core):
-    """The README's accounting example and a calibration, in the core install (numbers: tests/test_selection.py)."""
+    """The README's accounting example and a calibration, in the core install (numbers: tests/accounting/test_selection.py)."""
     assert 0 < core["epsilon"] < 10
     assert 0 < core["sigma"] < 10
 

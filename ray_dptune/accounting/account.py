@@ -280,10 +280,12 @@ class SearchAccount:
     # ------------------------------------------------------------------ reading
     @property
     def num_trials_started(self) -> int:
+        """Trials suggested or started so far, accounted or not."""
         return len(self.trials)
 
     @property
     def trials_completed(self) -> int:
+        """Trials whose last attempt completed, accounted or not."""
         return self._trials_completed
 
     def charged_attempts(self, *, if_stopped_now: bool = False) -> int:
@@ -313,8 +315,10 @@ class SearchAccount:
         return self._guarantee(charged, charged)
 
     def refused_before_training(self) -> bool:
-        """True when the search ended without touching the data: a trial was refused before its first training step
-        (:class:`~ray_dptune.errors.RefusedBeforeTraining`) and no other attempt ever started.
+        """True when the search ended without touching the data.
+
+        A trial was refused before its first training step (:class:`~ray_dptune.errors.RefusedBeforeTraining`)
+        and no other attempt ever started.
 
         Its whole output is then a function of public inputs (the code, the configurations the
         searcher drew before any result, the training set's size every plan already assumes), so
@@ -397,8 +401,11 @@ class SearchAccount:
                 self.trials[trial_id] = saved_copy
 
     def unfinished(self) -> dict[str, int]:
-        """Accounted trials whose last attempt did not end its run, by why: ``{"live", "interrupted",
-        "unknown", "refused"}`` (a trial failed with its retry refused by the budget counts as refused)."""
+        """Accounted trials whose last attempt did not end its run, by why.
+
+        The keys are ``{"live", "interrupted", "unknown", "refused"}`` (a trial failed with its retry
+        refused by the budget counts as refused).
+        """
         counts = {"live": 0, "interrupted": 0, "unknown": 0, "refused": 0}
         for trial in self.trials.values():
             if not trial.accounted or not trial.attempts:
@@ -413,9 +420,11 @@ class SearchAccount:
         return counts
 
     def attempts_of(self, trial_id: str) -> list[dict[str, Any]]:
+        """Copies of the attempts of ``trial_id``, oldest first: the state, spend, units and flags of each."""
         return [dict(attempt) for attempt in self.trials[trial_id].attempts]
 
     def is_accounted(self, trial_id: str) -> bool:
+        """True when the account knows ``trial_id`` and counts its attempts in the guarantee."""
         return trial_id in self.trials and self.trials[trial_id].accounted
 
     # ------------------------------------------------------------------ internals
@@ -461,8 +470,10 @@ class SearchAccount:
         return cached
 
     def _charge_overrun(self, trial_id: str, spent: Any) -> None:
-        """Charges a halving trial for units it reports having run beyond its charge (it ran them); a spend
-        no number of units covers is charged max_t units here and composed whole by the budget's curve."""
+        """Charges a halving trial for units it reports having run beyond its charge (it ran them).
+
+        A spend no number of units covers is charged max_t units here and composed whole by the budget's curve.
+        """
         trial = self.trials[trial_id]
         if self._budget is None or self.plan is None or not trial.accounted:
             return

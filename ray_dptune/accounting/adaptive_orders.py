@@ -192,8 +192,11 @@ def _probes(moments: np.ndarray, orders: np.ndarray, steps: int) -> np.ndarray:
 
 
 def _split(a: float, b: float, inside: np.ndarray) -> float | None:
-    """The order to compute in (a, b), near its middle in log(α − 1): an integer up to 64 (closed form,
-    cheap), else one of the requested orders, so refining never computes more orders than were asked for."""
+    """The order to compute in (a, b), near its middle in log(α − 1).
+
+    An integer up to 64 (closed form, cheap), else one of the requested orders, so refining never computes
+    more orders than were asked for.
+    """
     integers = np.arange(math.floor(a) + 1.0, min(math.ceil(b), 65.0))
     candidates = integers if a >= 2.0 and integers.size else inside
     if candidates.size == 0:

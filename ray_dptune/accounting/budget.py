@@ -155,8 +155,11 @@ class SearchBudget:
         return f"whole search: {shown}; {done}"
 
     def end_line(self, *, complete: bool, reason: str | None, path: str | None, resumable: bool = True) -> str:
-        """What the search says when it ends: done, or incomplete / over budget and whether it can be resumed
-        (never after a violation such as a spend past the plan: ``resumable=False``)."""
+        """What the search says when it ends: done, or incomplete / over budget.
+
+        An incomplete search also says whether it can be resumed (never after a violation such as a spend
+        past the plan: ``resumable=False``).
+        """
         account = self._account()
         epsilon = self.epsilon()
         shown = "n/a (no trial reported a plan)" if epsilon is None else f"{epsilon:.4g}"

@@ -109,7 +109,7 @@ class RunCountDistribution(abc.ABC):
 
     @abc.abstractmethod
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
-        """log f'(x) for x in [0, 1] (-inf where f'(x) = 0); x outside [0, 1] raises ValueError."""
+        """The log of f'(x) for x in [0, 1] (-inf where f'(x) = 0); x outside [0, 1] raises ValueError."""
 
     @abc.abstractmethod
     def sample(self, rng: RngLike = None) -> int:
@@ -166,24 +166,31 @@ class Poisson(RunCountDistribution):
 
     @property
     def mean(self) -> float:
+        """E[K], the Poisson mean."""
         return self._mean
 
     def pmf(self, k: Any) -> np.ndarray:
+        """P[K = k] = mean^k e^{-mean} / k!, vectorised over k (0 off the support)."""
         return _on_support(k, lambda ks: np.exp(special.xlogy(ks, self._mean) - self._mean - special.gammaln(ks + 1.0)))
 
     def pgf(self, x: Any) -> np.ndarray:
+        """f(x) = e^{mean (x - 1)} for x in [0, 1]."""
         return np.exp(self._mean * (validate.unit_interval("x", x) - 1.0))
 
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
+        """The log of f'(x) = mean e^{mean (x - 1)}: log(mean) + mean (x - 1)."""
         return math.log(self._mean) + self._mean * (validate.unit_interval("x", x) - 1.0)
 
     def expected_quantile(self) -> float:
+        """E[K/(K+1)] in closed form: 1 - (1 - e^{-mean}) / mean."""
         return 1.0 - float(-np.expm1(-self._mean) / self._mean)
 
     def sample(self, rng: RngLike = None) -> int:
+        """Draws K with numpy's Poisson sampler; ``rng`` None means a fresh secure generator."""
         return int(secure_rng(rng).poisson(self._mean))
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description: the law's name and its mean."""
         return {"law": "poisson", "mean": self._mean}
 
 
@@ -206,10 +213,12 @@ class TruncatedNegativeBinomial(RunCountDistribution):
 
     @property
     def eta(self) -> float:
+        """The shape η."""
         return self._eta
 
     @property
     def gamma(self) -> float:
+        """The parameter γ: the pmf decays like (1-γ)^k."""
         return self._gamma
 
     @staticmethod
@@ -222,6 +231,7 @@ class TruncatedNegativeBinomial(RunCountDistribution):
 
     @property
     def mean(self) -> float:
+        """E[K] = η(1-γ) / (γ(1-γ^η)), or (1/γ - 1) / log(1/γ) for η = 0."""
         return self._mean_of(self._eta, self._gamma)
 
     @classmethod
@@ -258,7 +268,7 @@ class TruncatedNegativeBinomial(RunCountDistribution):
         return law
 
     def _log_norm(self) -> float:
-        """log |γ^{-η} - 1| (or log log(1/γ) for η = 0), the normaliser of the pmf."""
+        """The log of the pmf's normaliser: log |γ^{-η} - 1| (or log log(1/γ) for η = 0)."""
         log_gamma = math.log(self._gamma)
         if self._eta == 0.0:
             return math.log(-log_gamma)
@@ -268,6 +278,7 @@ class TruncatedNegativeBinomial(RunCountDistribution):
         return math.log(abs(math.expm1(b)))
 
     def pmf(self, k: Any) -> np.ndarray:
+        """P[K = k] of Definition 1, vectorised over k (0 off the support k ≥ 1)."""
         return _on_support(k, self._pmf_at)
 
     def _pmf_at(self, k: np.ndarray) -> np.ndarray:
@@ -284,6 +295,7 @@ class TruncatedNegativeBinomial(RunCountDistribution):
         return np.where(valid, np.exp(log_terms), 0.0)
 
     def pgf(self, x: Any) -> np.ndarray:
+        """f(x) = ((1-(1-γ)x)^{-η} - 1) / (γ^{-η} - 1), or log(1-(1-γ)x) / log γ for η = 0."""
         log1m = np.log1p(-(1.0 - self._gamma) * validate.unit_interval("x", x))
         if self._eta == 0.0:
             return log1m / math.log(self._gamma)
@@ -293,6 +305,7 @@ class TruncatedNegativeBinomial(RunCountDistribution):
         return np.expm1(a) / math.expm1(b)
 
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
+        """The log of f'(x) = (1-(1-γ)x)^{-η-1} γ^{η+1} E[K]."""
         # f'(x) = (1-(1-γ)x)^{-η-1} γ^{η+1} E[K]   (proof of P&S Thm 2)
         log1m = np.log1p(-(1.0 - self._gamma) * validate.unit_interval("x", x))
         return -(self._eta + 1.0) * (log1m - math.log(self._gamma)) + math.log(self.mean)
@@ -313,6 +326,7 @@ class TruncatedNegativeBinomial(RunCountDistribution):
             start += self._CHUNK
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description: the law's name, η and γ."""
         return {"law": "truncated_negative_binomial", "eta": self._eta, "gamma": self._gamma}
 
 
@@ -328,6 +342,7 @@ class Logarithmic(TruncatedNegativeBinomial):
         return super().from_mean(0.0, mean)  # type: ignore[return-value]
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description: the law's name and γ."""
         return {"law": "logarithmic", "gamma": self._gamma}
 
 
@@ -343,9 +358,11 @@ class Geometric(TruncatedNegativeBinomial):
         return super().from_mean(1.0, mean)  # type: ignore[return-value]
 
     def sample(self, rng: RngLike = None) -> int:
+        """Draws K with numpy's geometric sampler; ``rng`` None means a fresh secure generator."""
         return int(secure_rng(rng).geometric(self._gamma))
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description: the law's name and γ."""
         return {"law": "geometric", "gamma": self._gamma}
 
 
@@ -357,30 +374,38 @@ class PointMass(RunCountDistribution):
 
     @property
     def k(self) -> int:
+        """The number of runs."""
         return self._k
 
     @property
     def mean(self) -> float:
+        """E[K] = k."""
         return float(self._k)
 
     def pmf(self, k: Any) -> np.ndarray:
+        """P[K = k]: 1 at the law's own k, 0 elsewhere, vectorised over ``k``; NaN raises ValueError."""
         return np.where(validate.not_nan("k", k) == self._k, 1.0, 0.0)
 
     def pgf(self, x: Any) -> np.ndarray:
+        """f(x) = x^k for x in [0, 1]."""
         return validate.unit_interval("x", x) ** self._k
 
     def log_pgf_derivative(self, x: Any) -> np.ndarray:
+        """The log of f'(x) = k x^(k-1) (-inf at x = 0 for k > 1)."""
         with np.errstate(divide="ignore"):
             log_derivative: np.ndarray = math.log(self._k) + special.xlogy(self._k - 1, validate.unit_interval("x", x))
             return log_derivative
 
     def expected_quantile(self) -> float:
+        """E[K/(K+1)] = k/(k+1)."""
         return self._k / (self._k + 1.0)
 
     def sample(self, rng: RngLike = None) -> int:
+        """Returns k; nothing is drawn."""
         return self._k
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description: the law's name and k."""
         return {"law": "point_mass", "k": self._k}
 
 

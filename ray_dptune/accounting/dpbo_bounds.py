@@ -116,7 +116,7 @@ def beta_t(t: int, n_candidates: int, *, delta: float) -> float:
 
 
 def dataset_shift_bound(k1: float, n_candidates: int, *, failure: float) -> float:
-    """c with max_{λ∈Λ} |f_V(λ) − f_V'(λ)| ≤ c except with probability ``failure`` (Kusner Thm 1).
+    """The bound c with max_{λ∈Λ} |f_V(λ) − f_V'(λ)| ≤ c except with probability ``failure`` (Kusner Thm 1).
 
     f_V(λ) − f_V'(λ) ~ N(0, σ1²), σ1² = 2(1 − k1) (Assumption 1, k1(V, V) = 1); with
     P[|Z| > γ] ≤ e^{−γ²/2} and a union bound over Λ, c = σ1·√(2 log(|Λ|/failure))
@@ -142,7 +142,8 @@ def exponential_mechanism_probabilities(scores: np.ndarray, *, epsilon: float, s
 
     Args:
         scores: (n,) the quality μ of each candidate (finite).
-        epsilon: ε > 0. sensitivity: Δ > 0, a bound on |μ_V(λ) − μ_V'(λ)| for every λ.
+        epsilon: ε > 0.
+        sensitivity: Δ > 0, a bound on |μ_V(λ) − μ_V'(λ)| for every λ.
 
     Example:
         >>> exponential_mechanism_probabilities(np.array([0.0, 0.0]), epsilon=1.0, sensitivity=1.0)
@@ -224,8 +225,12 @@ def algorithm1_bounds(
     |α| ≤ σ√(2 log(8T/δ)) except w.p. δ/4). Failure ≤ δ/4 + δ/4 + δ/4 + δ/4 = δ.
 
     Args:
-        n_candidates: |Λ|. num_trials: T. epsilon, delta: (ε, δ) of *each* release.
-        k1: k1(V, V') ∈ [0, 1]. noise_variance: σ² > 0 in GP units.
+        n_candidates: |Λ|.
+        num_trials: T.
+        epsilon: ε of *each* release.
+        delta: δ of *each* release.
+        k1: k1(V, V') ∈ [0, 1].
+        noise_variance: σ² > 0 in GP units.
         gamma_bound: an upper bound on γ_T
             (:func:`~ray_dptune.accounting.information_gain.max_information_gain_bound`).
         release: "config" (λ̃ only: β_t on δ), "score" or "both" (β_t on δ/2).

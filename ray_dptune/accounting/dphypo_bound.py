@@ -44,7 +44,7 @@ back as in the non-adaptive case (:func:`ray_dptune.accounting.generic.add_no_ru
 Two steps of the paper's proof treat P+ and P'- (suprema and infima over the
 densities, with masses up to C and down to c) as if they were probability laws:
 (A.12) P+(≤y) = P+(<y) + P+(y) and "1 - q is a post-processing of P+". The
-library's exact adaptive audit (``tests/test_dphypo_bound.py``) checks this
+library's exact adaptive audit (``tests/accounting/test_dphypo_bound.py``) checks this
 bound, and the closed form, against the exact best-of-T law of adversarial
 adaptive samplers.
 """

@@ -27,6 +27,7 @@ class Guarantee:
     reason: str | None = None
 
     def to_dict(self, *, with_curve: bool = True) -> dict[str, Any]:
+        """A JSON-ready record of the guarantee; ``with_curve=False`` leaves out the RDP curve."""
         record: dict[str, Any] = {
             "epsilon": self.epsilon,
             "delta": self.delta,

@@ -47,6 +47,7 @@ class HalvingBudget:
 
     @property
     def total(self) -> int:
+        """Time units charged so far, every bracket together."""
         return sum(self.units.values())
 
     def units_added(self, event: Mapping[str, Any], last: tuple[str, int] | None) -> int:
@@ -76,6 +77,7 @@ class HalvingBudget:
             )
 
     def add(self, trial_id: str, units: int, *, bracket: int | None) -> None:
+        """Charges ``units`` to the trial's bracket: the first one it was charged in, else ``bracket``."""
         bracket = self.bracket_of.setdefault(trial_id, bracket)
         self.units[bracket] = self.units.get(bracket, 0) + units
 

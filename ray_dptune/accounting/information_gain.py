@@ -45,7 +45,8 @@ def kernel_matrix(x: np.ndarray, y: np.ndarray, *, kernel: KernelName, lengthsca
     """k2(x, y) with k2(λ, λ) = 1 (Kusner §2): squared exponential or Matérn-5/2.
 
     Args:
-        x: (n, d) and y: (m, d) inputs (the unit cube of the searcher's coordinates).
+        x: (n, d) inputs (the unit cube of the searcher's coordinates).
+        y: (m, d) inputs, in the same coordinates.
         kernel: "rbf", exp(−r²/2); or "matern52", (1 + √5 r + 5r²/3) e^{−√5 r}; r = ‖x − y‖/ℓ.
         lengthscale: ℓ > 0, fixed before seeing any data.
 
@@ -101,7 +102,8 @@ def information_gain_upper_bound(kernel: np.ndarray, noise_variance: float) -> f
     """An upper bound on :func:`information_gain` that no rounding makes optimistic.
 
     Args:
-        kernel: the exact, symmetric PSD kernel matrix K_A. noise_variance: σ² > 0.
+        kernel: the exact, symmetric PSD kernel matrix K_A.
+        noise_variance: σ² > 0.
 
     ½ log det(I + K_A/σ²) = ½ log det((K_A + σ²I)/σ²), and K_A + σ²I ⪰ σ²I
     (:func:`~ray_dptune.accounting.rounding.log_det_upper_bound`); inf where rounding could reach σ².
@@ -115,7 +117,9 @@ def posterior_variance_upper_bound(kernel: np.ndarray, chosen: Sequence[int], no
     """v̄(λ) ≥ Var[f(λ) | y_S] for each λ of Λ, S = ``chosen`` (a multiset of Λ's indices), f ~ GP(0, K).
 
     Args:
-        kernel: the exact, symmetric PSD kernel matrix K of Λ. noise_variance: σ² > 0.
+        kernel: the exact, symmetric PSD kernel matrix K of Λ.
+        chosen: S, the indices into Λ of the observed points (a multiset: an index may repeat).
+        noise_variance: σ² > 0.
 
     For any weights w, E[(f(λ) − wᵀy_S)²] = K_λλ − 2wᵀK_Sλ + wᵀ(K_SS + σ²I)w ≥ Var[f(λ) | y_S], the
     least such error; w from a Cholesky solve, and the quadratic form's rounding added (Higham eq. 3.5).
@@ -149,7 +153,8 @@ def max_information_gain_bound(
 
     Args:
         kernel: (n, n) the symmetric kernel matrix of Λ: the exact PSD one, or within ``entry_error`` of it.
-        num_rounds: T ≥ 1. noise_variance: σ² > 0.
+        num_rounds: T ≥ 1.
+        noise_variance: σ² > 0.
         entry_error: a bound on each entry's distance from the exact PSD kernel's (0: ``kernel`` is
             exact). The bound is computed for K plus a diagonal ⪰ 2n·entry_error·I, hence ⪰ K_exact
             (‖K − K_exact‖₂ ≤ n·entry_error).
@@ -161,8 +166,10 @@ def max_information_gain_bound(
 def max_information_gain_bound_from_points(
     x: np.ndarray, num_rounds: int, noise_variance: float, *, kernel: KernelName, lengthscale: float
 ) -> float:
-    """:func:`max_information_gain_bound` for Λ = the rows of ``x`` under the exact kernel (:func:`kernel_entry_error`),
-    without the n × n matrix when n > 1 000."""
+    """:func:`max_information_gain_bound` for Λ = the rows of ``x`` under the exact kernel (:func:`kernel_entry_error`).
+
+    Without the n × n matrix when n > 1 000: the kernel's columns are computed as they are needed.
+    """
     x = np.atleast_2d(np.asarray(x, dtype=float))
     error = kernel_entry_error(x.shape[1])
     if x.shape[0] <= 1000:

@@ -243,6 +243,7 @@ class KnownMechanism:
 
     @property
     def is_gaussian(self) -> bool:
+        """True for the plain Gaussian mechanism (``sample_rate`` 1, no subsampling)."""
         return self.sample_rate == 1.0
 
     def composed(self, count: int) -> KnownMechanism | None:

@@ -83,13 +83,18 @@ def constraint_orders(
 
 
 class _Pairs:
-    """(constraint, point) pairs, flattened: S = e^A + e^B with A = w·t + (1-w)·L and
-    B = w·log(1 - e^t) + (1-w)·M, where w = 1 - α, t = log x, (L, M) = (log q, log(1-q)) for
-    the first direction and w = α, t = log(1-x), (L, M) = (log(1-q), log q) for the second."""
+    """(constraint, point) pairs, flattened.
+
+    S = e^A + e^B with A = w·t + (1-w)·L and B = w·log(1 - e^t) + (1-w)·M, where w = 1 - α,
+    t = log x, (L, M) = (log q, log(1-q)) for the first direction and w = α, t = log(1-x),
+    (L, M) = (log(1-q), log q) for the second.
+    """
 
     def __init__(self, table: dict[str, np.ndarray], keys: np.ndarray, lq: np.ndarray, l1q: np.ndarray):
-        """Pairs of constraint ``keys`` (rows of ``table``, see :class:`_Constraints`) and points with
-        log q = ``lq``, log(1-q) = ``l1q``."""
+        """Pairs of constraint ``keys`` (rows of ``table``, see :class:`_Constraints`) and points.
+
+        The points have log q = ``lq`` and log(1-q) = ``l1q``.
+        """
         self.w, self.w1, self.e1 = table["w"][keys], table["w1"][keys], table["e1"][keys]
         self.c, self.slack = table["c"][keys], table["slack"][keys]
         self.first, self.sign = table["first"][keys], table["sign"][keys]
@@ -115,9 +120,12 @@ class _Pairs:
         return t
 
     def x_of(self, signed: np.ndarray) -> np.ndarray:
-        """x at t = sign·``signed``, rounded down by 8 ulp (past exp's and expm1's own error, so the
-        float x lies below the real one, which is certified), then one step more toward 0 (where x is
-        subnormal, the relative step is lost); -inf: 0."""
+        """The x at t = sign·``signed``, rounded down; -inf: 0.
+
+        Rounded down by 8 ulp (past exp's and expm1's own error, so the float x lies below the real
+        one, which is certified), then one step more toward 0 (where x is subnormal, the relative step
+        is lost).
+        """
         x = np.where(self.first, np.exp(signed), -np.expm1(-signed)) * (1.0 - 8.0 * np.finfo(float).eps)
         return np.where(signed == -np.inf, 0.0, np.nextafter(x, 0.0))
 
@@ -126,13 +134,15 @@ class _Pairs:
         return aim
 
     def evaluate(self, t: np.ndarray) -> tuple[np.ndarray, ...]:
-        """log S - c, its error bound, log S, A, and B - log(1 - e^t), at t."""
+        """Returns log S - c, its error bound, log S, A, and B - log(1 - e^t), at t."""
         gap, log_sum, a, b_rest, other = self._excess(t)
         return gap, self.error(t, other), log_sum, a, b_rest
 
     def error(self, t: np.ndarray, other: np.ndarray) -> np.ndarray:
-        """The bound on the floating-point error of the excess at t, where ``other`` = log(1 - e^t):
-        :data:`ROUNDING` per unit of each term (the logs of q, 1 - q, x, 1 - x; c; the sums)."""
+        """The bound on the floating-point error of the excess at t, where ``other`` = log(1 - e^t).
+
+        :data:`ROUNDING` per unit of each term (the logs of q, 1 - q, x, 1 - x; c; the sums).
+        """
         err: np.ndarray = self.e0 - self.e1 * (t + np.maximum(other, -800.0))
         return err
 
@@ -144,9 +154,11 @@ class _Pairs:
         return log_sum - self.c, log_sum, a, self.w1 * other + self.b0, other
 
     def solve(self, t: np.ndarray, iterations: int) -> np.ndarray:
-        """Certified lower bounds on each boundary (x; 0 where none), from t: ``iterations`` Newton
-        steps, then up to :data:`STRAGGLER_STEPS` more, each iterate certified and the best kept,
-        for the pairs not yet at their aim."""
+        """Certified lower bounds on each boundary (x; 0 where none), from t.
+
+        ``iterations`` Newton steps, then up to :data:`STRAGGLER_STEPS` more, each iterate certified
+        and the best kept, for the pairs not yet at their aim.
+        """
         best, t, done = self.newton(t, iterations)
         late = np.nonzero(~done)[0]
         if late.size:
@@ -182,10 +194,13 @@ class _Pairs:
         return np.maximum(best, np.where(certified, self.sign * t, -np.inf)), t, done
 
     def _step(self, t: np.ndarray, excess: np.ndarray, slope: np.ndarray) -> np.ndarray:
-        """Newton's step: on log S in t for the first direction, where log S is convex (so a step
-        from either side lands on the violated one) and exact where one term dominates; for the
-        second, on S in x (convex there: the same holds), or on log S in t when, from the violated
-        side, that goes further (it is exact where one term dominates, as far from the boundary)."""
+        """Newton's step, written in t.
+
+        On log S in t for the first direction, where log S is convex (so a step from either side
+        lands on the violated one) and exact where one term dominates; for the second, on S in x
+        (convex there: the same holds), or on log S in t when, from the violated side, that goes
+        further (it is exact where one term dominates, as far from the boundary).
+        """
         # the step on S in x, written in t (the step need not be exact: each iterate is evaluated)
         linear = t + np.log1p(np.expm1(-excess) / slope)
         logarithmic = t - excess / slope
@@ -300,8 +315,10 @@ def _record(
 
 
 def _windows(lo: np.ndarray, hi: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keys lo[i]..hi[i] where that spans fewer than ``width`` keys, else lo[i] and hi[i] alone;
-    flattened, with their row i."""
+    """Keys lo[i]..hi[i] where that spans fewer than ``width`` keys, else lo[i] and hi[i] alone.
+
+    Flattened, with their row i.
+    """
     joint = hi - lo < width
     count = np.where(joint, hi - lo + 1, 2)
     row = np.repeat(np.arange(lo.size), count)
@@ -335,8 +352,10 @@ class PartnerSearch:
             self.known[top] = True
 
     def solve_level(self, new: np.ndarray, width: int, iterations: int) -> None:
-        """The interior points ``new`` not yet solved: Newton from the chord of their solved neighbours
-        (after :meth:`solve_top`, every interior point has one on each side)."""
+        """Solves the interior points ``new`` not yet solved: Newton from the chord of their solved neighbours.
+
+        After :meth:`solve_top`, every interior point has a solved neighbour on each side.
+        """
         new = new[~self.known[new]]
         if new.size == 0:
             return

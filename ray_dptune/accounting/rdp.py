@@ -20,7 +20,7 @@ def _default_orders() -> np.ndarray:
     Consecutive values of α - 1 differ by a factor 10^(1/40) ≈ 1.059. For a ρ-zCDP
     curve, ε(α) ≈ ρ(α-1) + log(1/δ)/(α-1) near its optimum, so the worst grid point
     is off the continuous optimum by a factor (√s + 1/√s)/2 ≤ 1.0002 with s = 1.059
-    (tested in tests/test_rdp.py over ρ ∈ [1e-5, 100], δ ∈ [1e-12, 1e-2]).
+    (tested in tests/accounting/test_rdp.py over ρ ∈ [1e-5, 100], δ ∈ [1e-12, 1e-2]).
     """
     return 1.0 + np.logspace(-3.0, 5.0, 8 * 40 + 1)
 

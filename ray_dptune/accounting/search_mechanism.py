@@ -59,8 +59,10 @@ class SearchMechanism:
     def random_count(
         cls, *, law: RunCountDistribution, num_trials: int, density_ratio: float = 1.0, upper: float | None = None
     ) -> RandomCountMechanism:
-        """K ~ ``law`` runs, best released: P&S 2022 Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1
-        (``upper``: C itself, when the sampler guarantees it; see :func:`repeat_and_select`)."""
+        """K ~ ``law`` runs, best released: P&S 2022 Thms 2/6; DP-HyPO Thm 1 when ``density_ratio`` = C/c > 1.
+
+        ``upper``: C itself, when the sampler guarantees it (see :func:`repeat_and_select`).
+        """
         if upper is not None:
             upper = validate.in_range("upper", upper, 1.0, float(density_ratio), note=" (C, 1 <= C <= C/c)")
         return RandomCountMechanism(law.to_dict(), int(num_trials), float(density_ratio), upper)
@@ -112,9 +114,11 @@ class SearchMechanism:
 
     @property
     def allows_retries(self) -> bool:
-        """Whether Tune may re-run a trial that failed (``FailureConfig(max_failures > 0)``): every attempt
-        outside the cover is bounded by adaptive composition (Mironov 2017, Prop. 1), which covers the
-        failure a retry reveals."""
+        """Whether Tune may re-run a trial that failed (``FailureConfig(max_failures > 0)``).
+
+        Every attempt outside the cover is bounded by adaptive composition (Mironov 2017, Prop. 1),
+        which covers the failure a retry reveals.
+        """
         return True
 
     @property
@@ -155,6 +159,7 @@ class SearchMechanism:
 
     # ------------------------------------------------------------------ records
     def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready record the journal and the report keep: the kind and its parameters."""
         return {"kind": self.kind, "params": json.loads(json.dumps(self.params))}
 
     def public_definition(self) -> dict[str, Any]:
@@ -194,11 +199,13 @@ class RandomCountMechanism(SearchMechanism):
 
     @property
     def params(self) -> dict[str, Any]:
+        """The law's record, K (``num_trials``), C/c (``density_ratio``), and C (``upper``) when given."""
         params = {"law": self.law_record, "num_trials": self.num_trials, "density_ratio": self.density_ratio}
         return params if self.upper is None else {**params, "upper": self.upper}
 
     @property
     def cover_cap(self) -> int:
+        """K: the last attempt of each of the K trials."""
         return self.num_trials
 
     @property
@@ -209,19 +216,22 @@ class RandomCountMechanism(SearchMechanism):
         trials' last attempts are the base *conditioned on not failing*, and the retries are a
         statistic of all K runs (P&S App. D.1: with such a statistic known, best-of-k costs up to
         k-fold): exact enumeration finds the released output's ε above the bound
-        (tests/test_exact_retries.py). A failure without a retry is covered: the run's output is
+        (tests/accounting/test_exact_retries.py). A failure without a retry is covered: the run's output is
         "failed", ranked last.
         """
         return False
 
     @property
     def law(self) -> RunCountDistribution:
+        """The law K was drawn from."""
         return distribution_from_dict(self.law_record)
 
     def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
+        """The best of K runs, each satisfying ``plan`` (:func:`repeat_and_select`)."""
         return repeat_and_select(plan, self.law, density_ratio=self.density_ratio, upper=self.upper, generic=generic)
 
     def adaptivity(self, plan: RDPCurve, selection: RDPCurve, *, delta: float, generic: bool) -> float | None:
+        """The ε DP-HyPO's adaptive sampler adds over the uniform one at ``delta`` (None when C/c ≤ 1)."""
         if self.density_ratio <= 1.0:
             return None
         uniform = repeat_and_select(plan, self.law, generic=generic)
@@ -238,13 +248,16 @@ class ConstantOverheadMechanism(SearchMechanism):
 
     @property
     def params(self) -> dict[str, Any]:
+        """ε of each sparse-vector round, and the most rounds per selection."""
         return {"epsilon_round": self.epsilon_round, "max_rounds": self.max_rounds}
 
     @property
     def cover_cap(self) -> int:
+        """1: the final training."""
         return 1
 
     def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
+        """``max_rounds`` sparse-vector rounds per selection (at least one), then one training at ``plan``."""
         rounds = svt_curve(epsilon=self.epsilon_round, rounds=self.max_rounds, orders=plan.orders)
         return max(1, selections) * rounds + plan
 
@@ -261,13 +274,16 @@ class SearcherRelease(SearchMechanism):
 
     @property
     def params(self) -> dict[str, Any]:
+        """The release's (ε, δ) and its description."""
         return {"epsilon": self.epsilon, "delta": self.delta, "description": self.description_record}
 
     @property
     def description(self) -> dict[str, Any]:
+        """A copy of what the searcher's release says about itself."""
         return dict(self.description_record)
 
     def retry_reserve(self, max_failures: int) -> int | None:
+        """0: retries charge nothing to the account."""
         return 0  # its trials are not accounted
 
     def release_guarantee(self, count: int, *, delta: float) -> Guarantee:
@@ -293,6 +309,7 @@ class CompositionMechanism(SearchMechanism):
     kind: ClassVar[str] = "composition"
 
     def retry_reserve(self, max_failures: int) -> int | None:
+        """0 when Tune never retries, else None."""
         return 0 if max_failures == 0 else None  # any number of trials, each retried: no fixed number bounds it
 
 
@@ -309,6 +326,7 @@ class HalvingMechanism(SearchMechanism):
 
     @property
     def params(self) -> dict[str, Any]:
+        """The budget of units per bracket, ``max_t``, the law's record (None for one bracket) and ``num_brackets``."""
         return {
             "budget_units": self.budget_units,
             "max_t": self.max_t,
@@ -318,15 +336,19 @@ class HalvingMechanism(SearchMechanism):
 
     @property
     def law(self) -> RunCountDistribution | None:
+        """The law the number of brackets was drawn from; None for one bracket."""
         return None if self.law_record is None else distribution_from_dict(self.law_record)
 
     def retry_reserve(self, max_failures: int) -> int | None:
+        """0: retries are paid in units, not reserved."""
         return 0  # every attempt is paid from the budget of units
 
     def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
+        """Raises ValueError: the account reads a halving search's curve from its budget of units."""
         raise ValueError("A halving search's curve is its budget of plan units: read it from SearchAccount.")
 
     def budget(self) -> HalvingBudget:
+        """A fresh budget of ``budget_units`` time units per bracket."""
         return HalvingBudget(self.params)
 
 

@@ -51,7 +51,7 @@ TUNING_DELTAS = tuple(float(d) for d in np.geomspace(1e-14, 1e-2, 49))
 """The δ at which the tuning's profile is read (each a valid point; the bound takes the least)."""
 
 
-def amplified(epsilon: float, delta: float, *, sample_rate: float) -> tuple[float, float]:
+def amplified(*, epsilon: float, delta: float, sample_rate: float) -> tuple[float, float]:
     """(ε', δ') of an (ε, δ)-DP mechanism run on a Poisson sample of rate ``sample_rate`` (add/remove).
 
     ε' = log(1 + p(e^ε − 1)), δ' = pδ (Li, Qardaji & Su 2012, Thm 1; Balle, Barthe & Gaboardi
@@ -101,7 +101,9 @@ def subsampled_tuning_epsilon(
     delta = validate.in_range("delta", delta, 0.0, 1.0)
     best = math.inf
     for epsilon_tuning, delta_tuning in tuning:
-        epsilon_amplified, delta_amplified = amplified(epsilon_tuning, delta_tuning, sample_rate=sample_rate)
+        epsilon_amplified, delta_amplified = amplified(
+            epsilon=epsilon_tuning, delta=delta_tuning, sample_rate=sample_rate
+        )
         if delta_amplified >= delta or math.isinf(epsilon_amplified):
             continue
         pair = privacy_loss_distribution.from_privacy_parameters(

@@ -138,11 +138,11 @@ class SVTParams:
 
     @property
     def grid_size(self) -> int:
-        """n = ⌈(1 − u0)/g⌉: no level above n can be reached without noise, as every u_s ≤ 1."""
+        """The grid size n = ⌈(1 − u0)/g⌉: no level above n can be reached without noise, as every u_s ≤ 1."""
         return math.ceil((1.0 - self.initial_utility) / self.granularity)
 
     def utility(self, level: int) -> float:
-        """u = u0 + g·level, the utility the climb has reached (inf for a level beyond any double)."""
+        """The utility u = u0 + g·level the climb has reached (inf for a level beyond any double)."""
         return self.initial_utility + self.granularity * (float(level) if level < 2**1000 else math.inf)
 
     def to_dict(self) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def noiseless_rounds(target_level: int) -> int:
 
 
 def worst_case_noiseless_rounds(params: SVTParams) -> int:
-    """max of :func:`noiseless_rounds` over every reachable L* ∈ {0, ..., n}, n = ⌈(1 − u0)/g⌉.
+    """The maximum of :func:`noiseless_rounds` over every reachable L* ∈ {0, ..., n}, n = ⌈(1 − u0)/g⌉.
 
     Utilities are accuracies (≤ 1), so this bound holds whatever the data are. With
     J = ⌊log2(n + 1)⌋ and R = n + 1 − 2^J, the maximum is attained either at
@@ -327,7 +327,7 @@ def default_max_rounds(params: SVTParams) -> int:
     Fig. 4 reports a mean T ≈ 3·log n). Doubling W leaves room for a second
     non-randomised climb and descent after such detours. Measured (seeded simulation,
     |S| ∈ {6, 100}, utilities uniform on [0, 1] or clustered near 0.85, k = 5, 300 runs
-    each; ``tests/test_constant_overhead.py`` re-checks one setting): with kε ≥ 5, the
+    each; ``tests/search/test_constant_overhead.py`` re-checks one setting): with kε ≥ 5, the
     paper's recommended regime, the capped loop ends on the same s* as the uncapped
     Algorithm 1 in 97–100% of runs for n ∈ {20, 100, 1000} (W: 57–74% at n = 100;
     1.5·W: 93–96%); with kε = 1 in 94–96% for n ≥ 100. A run the cap stops keeps

@@ -174,9 +174,11 @@ def _cells(
 
 
 def _check(search: PartnerSearch, leaders: np.ndarray) -> np.ndarray:
-    """The leaders whose bound is not tight. Checked against every constraint: those next to a
-    change of binding constraint (where a window may miss one) and every SPOT-th of the others;
-    if any is not tight, all of them."""
+    """The leaders whose bound is not tight.
+
+    Checked against every constraint: those next to a change of binding constraint (where a window
+    may miss one) and every SPOT-th of the others; if any is not tight, all of them.
+    """
     risky = ~search.steady[leaders]
     risky[::SPOT] = True
     todo = search.unsettled(leaders[risky])

@@ -43,6 +43,7 @@ class AuditCounts:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The counts as a JSON-ready dict: what a trial reports under ``dp_audit``."""
         return {
             "canaries": self.canaries,
             "guesses": self.guesses,
@@ -53,4 +54,5 @@ class AuditCounts:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> AuditCounts:
+        """The counts :meth:`to_dict` wrote; other keys are ignored."""
         return cls(**{key: record[key] for key in ("canaries", "guesses", "correct", "commitment", "method")})

@@ -57,6 +57,7 @@ class SearchJournal:
 
     @property
     def path(self) -> str:
+        """The journal file's path."""
         return self._store.path
 
     def search(self) -> dict[str, Any] | None:
@@ -94,6 +95,7 @@ class SearchJournal:
             self._insert(db, events)
 
     def events(self) -> list[dict[str, Any]]:
+        """Every account event in the journal, in the order they were appended."""
         with self._store.reading() as db:
             return [json.loads(row[0]) for row in db.execute("SELECT event FROM events ORDER BY seq")]
 
@@ -148,6 +150,7 @@ class SearchJournal:
         return resumed
 
     def close(self) -> None:
+        """Closes the journal's connection (a later call reopens it)."""
         self._store.close()
 
     @staticmethod

@@ -274,8 +274,10 @@ class PrivacyLedger:
         self._seen_version = None
 
     def _forget(self, dataset: str, search_id: str) -> None:
-        """Drops the cached totals a new record of ``search_id`` changes (this connection's
-        own commits leave ``PRAGMA data_version`` unchanged)."""
+        """Drops the cached totals a new record of ``search_id`` changes.
+
+        This connection's own commits leave ``PRAGMA data_version`` unchanged.
+        """
         for key in [key for key in self._totals if key[0] == dataset and key[1] != search_id]:
             del self._totals[key]
 
@@ -423,8 +425,10 @@ def _search_record(row: Mapping[str, Any], *, delta: float | None, curves: bool)
 
 
 def _own_epsilon(row: Mapping[str, Any], curve: RDPCurve | None, delta: float) -> float | None:
-    """One search's ε at ``delta``: its account's own at its δ, else read from its stored curve and releases;
-    None when it has no bound there."""
+    """One search's ε at ``delta``, or None when it has no bound there.
+
+    Its account's own at its δ, else read from its stored curve and releases.
+    """
     if _is_unbounded(row) or row["release_delta"] >= delta:
         return None
     derived = compose_with_releases(

@@ -96,9 +96,11 @@ class PrivacyReport:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> PrivacyReport:
-        """Reads this version's reports, version 3's (times in Unix seconds) and version 2's (their curve
-        inside ``guarantee``, no target: written at the end of a search of unknown completeness, they read
-        as incomplete)."""
+        """Reads this version's reports, version 3's and version 2's.
+
+        Version 3 keeps times in Unix seconds; version 2 keeps the curve inside ``guarantee`` and no target
+        (written at the end of a search of unknown completeness, such reports read as incomplete).
+        """
         version = record.get("schema_version")
         if version not in READABLE_VERSIONS:
             raise PrivacyError(

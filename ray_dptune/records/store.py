@@ -158,6 +158,7 @@ class SQLiteStore:
             db.execute("COMMIT")
 
     def close(self) -> None:
+        """Closes the connection, if open; the next use reopens it."""
         if self._db is not None:
             self._db.close()
             self._db = None

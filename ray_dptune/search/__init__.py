@@ -13,7 +13,7 @@ from ray_dptune.search.registry import SEARCHERS
 
 _LAZY = {**SEARCHERS, "BoundedDensitySampler": "ray_dptune.search.density"}
 
-__all__ = [  # the registry's names (tests/test_searcher_contract.py checks), written out for static readers
+__all__ = [  # the registry's names (tests/search/test_searcher_contract.py checks), written out for static readers
     "BoundedDensitySampler",
     "ConstantOverheadSearcher",
     "DPBOSearcher",

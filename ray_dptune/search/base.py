@@ -194,6 +194,7 @@ class PrivateSearcher(Searcher):
 
     @property
     def has_account(self) -> bool:
+        """True once a callback has attached its account (:meth:`attach_account`)."""
         return getattr(self, "_account", None) is not None
 
     def account(self) -> SearchAccount:
@@ -283,10 +284,12 @@ class PrivateSearcher(Searcher):
         self._restore_extra(state)
 
     def save(self, checkpoint_path: str) -> None:
+        """Pickles :meth:`get_state` to ``checkpoint_path``, so a restored search keeps its K and its draws."""
         with open(checkpoint_path, "wb") as file:
             pickle.dump(self.get_state(), file)
 
     def restore(self, checkpoint_path: str) -> None:
+        """Loads the state :meth:`save` wrote, through :meth:`set_state` (which refuses another searcher's)."""
         with open(checkpoint_path, "rb") as file:
             self.set_state(pickle.load(file))
         logger.info("Restored %s: %d planned trials.", type(self).__name__, self._num_trials)

@@ -97,7 +97,8 @@ class BoundedDensitySampler:
 
         Args:
             candidates: (n, k) surrogate inputs of the cells' representative points, in [0, 1].
-            observed_x: (m, k) inputs of completed trials. observed_y: (m,) their scores (higher is better).
+            observed_x: (m, k) inputs of completed trials.
+            observed_y: (m,) their scores (higher is better).
 
         Returns:
             q, one probability per cell.

@@ -41,7 +41,13 @@ def gp_posterior(
     parameter frozen; exact Cholesky algebra in float64 (no CG or fast variances).
 
     Args:
-        train_x: (t, k) observed inputs. train_y: (t,) observations. test_x: (n, k).
+        train_x: (t, k) observed inputs.
+        train_y: (t,) observations.
+        test_x: (n, k) inputs to predict at.
+        kernel: "rbf" or "matern52" (Matérn-5/2), as in
+            :func:`~ray_dptune.accounting.information_gain.kernel_matrix`.
+        lengthscale: ℓ > 0, fixed.
+        noise_variance: σ² > 0, the fixed observation noise.
 
     Returns:
         (mean, std), two (n,) arrays.

@@ -107,9 +107,11 @@ class HalvingSearcher(PrivateSearcher):
 
     @property
     def num_brackets(self) -> int:
+        """K, the number of brackets, drawn once from the law (1 without one)."""
         return self._mechanism.num_brackets
 
     def privacy_mechanism(self) -> HalvingMechanism:
+        """Private successive halving: every attempt is paid in time units from its bracket's budget."""
         return self._mechanism
 
     def set_mode(self, mode: str | None) -> None:
@@ -148,6 +150,7 @@ class HalvingSearcher(PrivateSearcher):
         self.suggested_by_this_driver.add(trial_id)
 
     def privacy_details(self) -> dict[str, Any]:
+        """The budget, the brackets, the milestones, the units charged, and the best bracket winner as released."""
         details = {
             "budget_units": self._mechanism.budget_units,
             "brackets": len(self.rungs) if self.num_brackets else 0,

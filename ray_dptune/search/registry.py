@@ -1,7 +1,7 @@
 """The DP searchers ray_dptune offers: one table, read by the exports, the error messages and the contract tests.
 
 No Ray import: the package's lazy exports read it. Adding a searcher means its module,
-one line here and one case in ``tests/test_searcher_contract.py``.
+one line here and one case in ``tests/search/test_searcher_contract.py``.
 """
 
 from __future__ import annotations

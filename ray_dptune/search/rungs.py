@@ -90,6 +90,7 @@ class Rungs:
         return max((m for m in self.milestones if trial_id in self._scores[m]), default=0)
 
     def state(self) -> dict[str, Any]:
+        """The recorded scores by milestone, JSON-ready (milestones as strings), for :meth:`restore`."""
         return {str(m): dict(scores) for m, scores in self._scores.items()}
 
     def restore(self, state: dict[str, Any]) -> None:

@@ -94,6 +94,7 @@ class CanaryAudit:
 
     @property
     def guesses_per_side(self) -> int:
+        """How many canaries are guessed "in" (the lowest scores), and as many "out" (the highest)."""
         return int(self.guess_fraction * self.canaries) // 2
 
     @property
@@ -115,14 +116,18 @@ class CanaryAudit:
         }
 
     def journal_record(self) -> dict[str, Any]:
-        """:meth:`record` with the secret: what the search's journal keeps (synced before any trial starts)
-        so that :meth:`from_journal` rebuilds the same canaries after a killed driver."""
+        """:meth:`record` with the secret: what the search's journal keeps (synced before any trial starts).
+
+        With it, :meth:`from_journal` rebuilds the same canaries after a killed driver.
+        """
         return {**self.record(), "secret": str(self.secret)}
 
     @classmethod
     def from_journal(cls, path: str | os.PathLike[str]) -> CanaryAudit:
-        """The audit of the search journaled at ``path`` (the experiment folder or its journal file):
-        restore an audited search with ``tune.Tuner.restore(path, trainable.with_audit(CanaryAudit.from_journal(path)))``.
+        """The audit of the search journaled at ``path`` (the experiment folder or its journal file).
+
+        Restore an audited search with
+        ``tune.Tuner.restore(path, trainable.with_audit(CanaryAudit.from_journal(path)))``.
 
         Raises:
             PrivacyError: no journal there, or its search ran without an audit.
@@ -180,8 +185,10 @@ class CanaryAudit:
         return dataset_size + self.canaries
 
     def count(self, scores: Sequence[float] | np.ndarray) -> AuditCounts:
-        """The counts from each canary's score, lower meaning "more likely inserted" (index order of
-        :meth:`examples`): its loss on the trained model (black box) or its gradient against the update (white box).
+        """The counts from each canary's score, lower meaning "more likely inserted".
+
+        One score per canary, in the index order of :meth:`examples`: its loss on the trained model
+        (black box) or its gradient against the update (white box).
 
         Guesses "in" for the ``guesses_per_side`` lowest scores and "out" for as many of the
         highest; ties go by index (a fixed rule that ignores the inclusion).

@@ -74,9 +74,13 @@ _PER_SAMPLE_GRADIENTS_NEEDED = (
 class StatefulClipping(Protocol):
     """An optimizer whose clipping state must survive a checkpoint."""
 
-    def clipping_state_dict(self) -> dict[str, Any]: ...
+    def clipping_state_dict(self) -> dict[str, Any]:
+        """The clipping state a checkpoint must keep to continue the same sequence."""
+        ...
 
-    def load_clipping_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_clipping_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the state :meth:`clipping_state_dict` returned."""
+        ...
 
 
 @dataclass(frozen=True)

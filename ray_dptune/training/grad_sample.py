@@ -105,6 +105,7 @@ class ModelProfile:
 
     @property
     def ghost_coverage(self) -> float:
+        """The share of trainable parameters that ghost clipping norms (0 for a model without any)."""
         return self.ghost_normed / self.parameters if self.parameters else 0.0
 
 

@@ -280,8 +280,11 @@ def _prepare_run(
     clipping: Clipping = _FIXED_CLIPPING,
     planned_size: int | None = None,
 ) -> _Run:
-    """Model, optimizer and Poisson loader, restored from ``resume`` and made private; the loader samples
-    ``train_set`` at q = batch_size / ``planned_size`` (default: its size; more with an audit's canaries)."""
+    """Model, optimizer and Poisson loader, restored from ``resume`` and made private.
+
+    The loader samples ``train_set`` at q = batch_size / ``planned_size`` (default: its size; more with an
+    audit's canaries).
+    """
     model, optimizer = _model_and_optimizer(config, spec, hyper, resume, device)
     planned_size = len(cast(Sized, train_set)) if planned_size is None else planned_size
     sample_rate, steps_per_epoch = sampling_schedule(planned_size, params.batch_size)

@@ -12,7 +12,7 @@ The optimizers here draw the same noise into memory that already exists:
 ``p.grad = target``. ``torch.normal(size=...)`` is ``normal_`` on a fresh contiguous
 tensor, so from the same generator state the draws are the same numbers in the same
 order, and ``noise + sum`` equals ``sum + noise`` in floating point: the noised gradient
-is Opacus's, bit for bit (``tests/test_noise.py``). Clipping, ``scale_grad`` (÷ expected
+is Opacus's, bit for bit (``tests/training/test_noise.py``). Clipping, ``scale_grad`` (÷ expected
 batch size), the step hook and the wrapped optimizer's step are Opacus's own.
 
 * :class:`InPlaceNoiseDPOptimizer` (hooks / ew / functorch): the noise goes into ``p.grad``,
@@ -139,8 +139,11 @@ def with_in_place_noise(dp_optimizer: DPOptimizer) -> DPOptimizer:
 
 
 def rebuilt(dp_optimizer: DPOptimizer, optimizer_class: type[DPOptimizer], **settings: Any) -> DPOptimizer:
-    """``dp_optimizer`` rebuilt as ``optimizer_class``: the same wrapped optimizer, σ, C, expected batch
-    size, reduction, generator, secure mode and step hook (the accountant's), plus ``settings``."""
+    """``dp_optimizer`` rebuilt as ``optimizer_class``, with ``settings`` added.
+
+    The same wrapped optimizer, σ, C, expected batch size, reduction, generator, secure mode and step
+    hook (the accountant's).
+    """
     optimizer = optimizer_class(
         dp_optimizer.original_optimizer,
         noise_multiplier=dp_optimizer.noise_multiplier,

@@ -218,7 +218,7 @@ class OSODPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyped
         return loss
 
     def clipping_state_dict(self) -> dict[str, Any]:
-        """log C_t, log ρ_t, g̃_{t-1} and q̃_{t-1}: what a resumed run needs to continue the same sequence."""
+        """Returns log C_t, log ρ_t, g̃_{t-1} and q̃_{t-1}: what a resumed run needs to continue the same sequence."""
         return {
             "log_clip": self._log_clip,
             "log_lr": self._log_lr,

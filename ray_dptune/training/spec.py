@@ -100,9 +100,11 @@ class TrainSpec:
             raise TypeError(f"audit must be a ray_dptune.training.CanaryAudit or None, got {self.audit!r}.")
 
     def training_data(self, config: Mapping[str, Any]) -> tuple[Dataset[Any], Dataset[Any], int]:
-        """``data_fn(config)`` with the audit's inserted canaries appended to the training set, and
-        the size DP-SGD's plan samples from (q = batch_size / size): the training set's, plus every
-        canary, inserted or not (:meth:`~ray_dptune.training.CanaryAudit.planned_size`)."""
+        """``data_fn(config)`` with the audit's inserted canaries appended to the training set, and the planned size.
+
+        The planned size is the one DP-SGD's plan samples from (q = batch_size / size): the training set's,
+        plus every canary, inserted or not (:meth:`~ray_dptune.training.CanaryAudit.planned_size`).
+        """
         train_set, val_set = self.data_fn(config)
         if self.audit is None:
             return train_set, val_set, len(cast(Sized, train_set))
@@ -118,8 +120,9 @@ class Hyperparameters:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Hyperparameters:
-        """Reads ``config["lr"]`` and ``config["max_grad_norm"]`` (the clipping norm; 1 by default
-        with ``config["clipping"] = "automatic"``).
+        """Reads ``config["lr"]`` and ``config["max_grad_norm"]`` (the clipping norm).
+
+        ``max_grad_norm`` is 1 by default with ``config["clipping"] = "automatic"``.
 
         Raises:
             ValueError: a key is missing or not a finite number > 0.

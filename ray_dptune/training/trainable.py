@@ -190,17 +190,21 @@ class DPTrainable:
         return space_plan(param_space, self.spec.privacy, dataset_size)
 
     def with_audit(self, audit: CanaryAudit) -> DPTrainable:
-        """This trainable with ``audit``'s canaries inserted into every trial's training set
-        (:mod:`ray_dptune.audit`); restore an audited search with it (``tune.Tuner.restore(path,
-        trainable.with_audit(CanaryAudit.from_journal(path)))``), else its trials train without the canaries."""
+        """This trainable with ``audit``'s canaries inserted into every trial's training set (:mod:`ray_dptune.audit`).
+
+        Restore an audited search with it (``tune.Tuner.restore(path,
+        trainable.with_audit(CanaryAudit.from_journal(path)))``), else its trials train without the canaries.
+        """
         audited = DPTrainable(dataclasses.replace(self.spec, audit=audit))
         # what Tune set on this object stays, e.g. tune.with_resources' request
         audited.__dict__.update({key: value for key, value in vars(self).items() if key != "spec"})
         return audited
 
     def dataset_size(self, param_space: Mapping[str, Any]) -> int:
-        """Size of the training set ``data_fn`` gives for the space's fixed entries (with an audit, plus its m
-        canaries: the size the plan samples from)."""
+        """Size of the training set ``data_fn`` gives for the space's fixed entries.
+
+        With an audit, plus its m canaries: the size the plan samples from.
+        """
         return self.spec.training_data(self._fixed(param_space))[2]
 
     def _partition_plan(self, param_space: Mapping[str, Any], dataset_size: int | None) -> TrialSpend:

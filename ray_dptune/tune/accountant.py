@@ -217,6 +217,12 @@ class PrivacyAccountantCallback(Callback):
         total_num_samples: int | None = None,
         **info: Any,
     ) -> None:
+        """Checks the run before any trial starts, and reopens the journal of a restored search.
+
+        Refuses what no bound covers: another searcher than this callback's, a scheduler, ``stop=``
+        criterion or retries the searcher does not allow, and a ``num_samples`` that truncates the search.
+        Tune's retries are reserved in the guarantee, and the caps are checked.
+        """
         if self._searcher.restore_refusal is not None:
             raise self._searcher.restore_refusal
         controller = running_controller()
@@ -261,6 +267,10 @@ class PrivacyAccountantCallback(Callback):
             self._budget.check_resumable()
 
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        """Records the attempt's start before Tune hands it to a worker; a budget it does not fit refuses it.
+
+        Refuses a re-run of a failed run and, after a restore, a trial the searcher did not suggest.
+        """
         if self._journal is None:
             location = self._journal_path or journal_location(trial)
             if location is not None:
@@ -277,6 +287,12 @@ class PrivacyAccountantCallback(Callback):
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
     ) -> None:
+        """Records an accounted trial's reported spend and adds the whole search's ε to ``result``.
+
+        The first report sets the search's plan. A spend past the plan (or past a halving trial's
+        charged units) is charged as it ran and stops the search; a trial's plan past the search's
+        is refused.
+        """
         if trial.trial_id in self._account.trials and not self._account.is_accounted(trial.trial_id):
             return
         trial_plan, spent = read_trial_reports(result, trial_id=trial.trial_id, keys=(PLAN_KEY, SPENT_KEY))
@@ -308,6 +324,13 @@ class PrivacyAccountantCallback(Callback):
         result[EPSILON_KEY] = self._account.guarantee().epsilon  # Tune's loggers see the whole search's ε
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        """Records the completion; an accounted trial stopped before spending its plan stops the search.
+
+        A halving search's trials are exempt: its scheduler stops them, each charged for what it may
+        have run. Otherwise only a data-independent ``stop=`` criterion may end a trial early:
+        metric-driven early stopping is covered by no bound for a DP searcher. The violation is
+        raised at the next step.
+        """
         self._record({"type": "completed", "trial_id": trial.trial_id})
         if not self._account.is_accounted(trial.trial_id) or self._account.mechanism.pays_by_units:
             return  # a halving search's scheduler stops trials, each charged for what it may have run
@@ -330,12 +353,21 @@ class PrivacyAccountantCallback(Callback):
         )
 
     def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        """Raises a pending privacy violation, which ends the search.
+
+        After a refusal before training, it waits until the running attempts have ended.
+        """
         if isinstance(self._violation, RefusedBeforeTraining) and self._account.running():
             return  # stopping them now would leave attempts that may have trained: let them end first
         if self._violation is not None:
             raise self._violation
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        """Records the failed attempt.
+
+        An attempt refused before its first training step holds the searcher: the running trials end,
+        then the search stops.
+        """
         refusal = refusal_before_training(trial)
         if refusal is None:
             self._record({"type": "failed", "trial_id": trial.trial_id})
@@ -356,6 +388,10 @@ class PrivacyAccountantCallback(Callback):
             end_trial_in_error(trial, refusal)
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        """Records the live attempts as interrupted and how the search ended; writes the ledger and the report.
+
+        Raises a pending privacy violation after the report is written.
+        """
         for trial in trials:  # those an earlier driver started: Tune's restored state has their configs
             self._configs.setdefault(trial.trial_id, _jsonable(trial.config))
         for trial_id, record in list(self._account.trials.items()):
@@ -377,6 +413,7 @@ class PrivacyAccountantCallback(Callback):
         return {"search_id": self._search_id, "journal": journal}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Takes back the search's id and journal: the account is rebuilt from the journal at :meth:`setup`."""
         self._restored = True
         self._search_id = state["search_id"]
         if self._ledger is not None:

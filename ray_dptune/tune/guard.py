@@ -66,6 +66,7 @@ class PrivacyGuardScheduler(FIFOScheduler):
         self._searcher = None if searcher is None else private_searcher_of(searcher)
 
     def on_trial_result(self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]) -> str:
+        """Stops an accounted trial whose reported spend is not shown to be within its reported plan."""
         if self._searcher is not None and not self._searcher.accounts_trial(trial.config):
             return TrialScheduler.CONTINUE
         plan, spent = _nested(result, PLAN_KEY), _nested(result, SPENT_KEY)
@@ -209,8 +210,7 @@ def check_stop(stop: Any) -> None:
 
 
 def stopped_by_rule(stop: Any, result: dict[str, Any]) -> bool:
-    """True when a data-independent ``stop=`` criterion (see :func:`check_stop`) ended the trial whose last result is
-    ``result``."""
+    """True when a data-independent ``stop=`` criterion (:func:`check_stop`) ended a trial at its last ``result``."""
     from ray.tune.stopper import MaximumIterationStopper
 
     if isinstance(stop, dict):

@@ -183,6 +183,7 @@ class PrivateASHAScheduler(FIFOScheduler):
         return TrialScheduler.CONTINUE
 
     def debug_string(self) -> str:
+        """Tune's status line: the milestones and the time units the current bracket has left."""
         searcher = self.searcher
         return (
             f"PrivateASHAScheduler: milestones {list(self.rungs.milestones)}, {searcher.budget_left()} time units left"

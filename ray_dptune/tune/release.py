@@ -255,8 +255,10 @@ def _purge(filesystem: Any, experiment_path: str, keep: str | None, trials: list
 
 
 def _ledger_files(report: dict[str, Any], filesystem: Any, root: str) -> frozenset[str]:
-    """The names of a privacy ledger the report names inside the experiment folder (it composes
-    searches on a dataset: deleting it would lose their accounting)."""
+    """The names of a privacy ledger the report names inside the experiment folder.
+
+    The ledger composes searches on a dataset: deleting it would lose their accounting.
+    """
     import pyarrow.fs
 
     ledger = report.get("ledger")

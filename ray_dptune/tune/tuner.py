@@ -200,8 +200,11 @@ def _check_budget(epsilon: float, delta: float) -> None:
 
 
 def _check_reported_metric(trainable: Any, metric: str | None) -> None:
-    """A ``dp_trainable`` reports one score under a name fixed when it was built: a search selecting on
-    another name would fail at the first report, after a trial trained; refused here instead."""
+    """Refuses a metric other than the one a ``dp_trainable`` reports its score under.
+
+    The trainable reports one score under a name fixed when it was built: a search selecting on another
+    name would fail at the first report, after a trial trained; refused here instead.
+    """
     reported = getattr(getattr(trainable, "spec", None), "metric", None)
     if metric is not None and isinstance(reported, str) and metric != reported:
         raise ValueError(
@@ -217,8 +220,10 @@ def _max_failures(run_config: tune.RunConfig | None) -> int:
 
 
 def _reserved_retries(retries: int | None, max_failures: int, mechanism: Any) -> int:
-    """The re-runs the budget reserves: ``retries``, else Tune's ``max_failures`` (0 for a halving search,
-    which pays every attempt from its budget of time units)."""
+    """The re-runs the budget reserves: ``retries``, else Tune's ``max_failures``.
+
+    0 for a halving search, which pays every attempt from its budget of time units.
+    """
     if mechanism.pays_by_units:
         if retries:
             raise ValueError(

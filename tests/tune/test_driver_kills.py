@@ -21,7 +21,7 @@ import pytest
 from ray_dptune.accounting.account import SearchAccount
 from ray_dptune.accounting.search_mechanism import SearchMechanism
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the drivers
 from kill_driver import DELTA, PLAN
 
 

@@ -1,7 +1,7 @@
 """Private random search in a real Ray Tune run (one shared local Ray session).
 
 The trainables here report a DP-SGD spend record without training, so each trial
-costs Ray's overhead only; tests/test_trainable.py covers real DP-SGD.
+costs Ray's overhead only; tests/training/test_trainable.py covers real DP-SGD.
 """
 
 import json

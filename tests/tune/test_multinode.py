@@ -17,7 +17,7 @@ from ray_dptune import TrialSpend
 
 pytestmark = pytest.mark.slow  # a cluster of its own (not the shared session): not in -m fast
 
-SCRIPT = Path(__file__).with_name("multinode_sweep.py")
+SCRIPT = Path(__file__).parents[1] / "multinode_sweep.py"
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)
 
 

@@ -3,7 +3,7 @@
 Oracle: a composition search (every attempt charged at its plan) of n attempts is n-fold RDP
 composition of the plan, computed here with ``RDPCurve`` arithmetic, not through the account;
 the target sits strictly between two such ε, so each check has one right answer. The Ray-level
-tests (tests/test_budget_cap.py: Tune retries, Ctrl-C, a killed driver) drive the same class.
+tests (tests/tune/test_budget_cap.py: Tune retries, Ctrl-C, a killed driver) drive the same class.
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def test_opacus_spend_refuses_a_loader_past_the_search_plan_before_the_first_ste
 
 def test_the_byo_example_runs_a_private_search_within_budget(ray_session, tmp_path):
     """The example's plain Opacus loop through private_tuner: every trial ran its plan, ε within budget."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    sys.path.insert(0, str(Path(__file__).parents[2] / "examples"))
     import byo_opacus_loop as example
     from ray import cloudpickle, tune
 

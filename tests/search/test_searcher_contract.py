@@ -160,7 +160,7 @@ def test_a_bad_metric_is_refused_by_name(case, metric):
 
 
 DRIVEN_BY_A_SCHEDULER = {"HalvingSearcher"}
-"""Built and driven by PrivateASHAScheduler, whose tests (tests/test_private_asha.py) check its contract."""
+"""Built and driven by PrivateASHAScheduler, whose tests (tests/tune/test_private_asha.py) check its contract."""
 
 
 def test_the_registry_is_every_searcher_and_what_the_package_exports():

@@ -139,13 +139,13 @@ def mutant_falls_below(monkeypatch, mutant) -> bool:
 
 
 def test_an_amplification_that_understates_fails_the_truth(monkeypatch):
-    linear = lambda epsilon, delta, *, sample_rate: (sample_rate * epsilon, sample_rate * delta)
+    linear = lambda *, epsilon, delta, sample_rate: (sample_rate * epsilon, sample_rate * delta)
     assert mutant_falls_below(monkeypatch, linear)
 
 
 def test_delta_amplified_twice_fails_the_truth(monkeypatch):
-    def squared(epsilon, delta, *, sample_rate):
-        return amplified(epsilon, delta * sample_rate, sample_rate=sample_rate)
+    def squared(*, epsilon, delta, sample_rate):
+        return amplified(epsilon=epsilon, delta=delta * sample_rate, sample_rate=sample_rate)
 
     assert mutant_falls_below(monkeypatch, squared)
 
@@ -169,7 +169,7 @@ def test_amplification_rounds_up_and_never_exceeds_the_unsampled_mechanism(epsil
     from mpmath import mp, mpf
 
     mp.dps = 50
-    epsilon_amplified, delta_amplified = amplified(epsilon, 1e-6, sample_rate=rate)
+    epsilon_amplified, delta_amplified = amplified(epsilon=epsilon, delta=1e-6, sample_rate=rate)
     truth = mp.log(1 + mpf(rate) * mp.expm1(mpf(epsilon)))
     assert epsilon_amplified >= truth and epsilon_amplified <= epsilon
     assert delta_amplified >= mpf(rate) * mpf(1e-6) and delta_amplified <= 1e-6

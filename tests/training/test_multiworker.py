@@ -17,7 +17,7 @@ DELTA = 1e-5
 
 
 def test_two_worker_trials_are_accounted_as_one_process_with_the_global_batch(ray_session, tmp_path):
-    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    sys.path.insert(0, str(Path(__file__).parents[2] / "examples"))
     import multiworker_trial as example
 
     cloudpickle.register_pickle_by_value(example)  # Ray's workers do not have examples/ on their path

@@ -489,7 +489,7 @@ def test_the_example_runs_from_the_readme_within_its_budget(tmp_path):
 
     import ray
 
-    example = os.path.join(os.path.dirname(__file__), "..", "examples", "private_asha.py")
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "private_asha.py")
     args = ["--epochs", "3", "--budget-trials", "2", "--seed", "0", "--storage", str(tmp_path)]
     environment = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     process = subprocess.run(

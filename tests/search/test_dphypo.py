@@ -310,7 +310,7 @@ def test_tune_run_reports_dp_hypo_theorem_1(tmp_path):
     assert guarantee["epsilon_adaptivity"] == pytest.approx(theorem_1 - uniform, rel=1e-9)
     assert guarantee["epsilon_adaptivity"] > 0  # adaptivity costs (DP-HyPO Thm 1 vs P&S Thm 2)
     # The lines above are wiring (the report is the library's number); these pin the number itself, so a
-    # weakened adaptivity charge in the library fails here too (tests/test_dphypo_bound.py holds the truths).
+    # weakened adaptivity charge in the library fails here too (tests/accounting/test_dphypo_bound.py holds the truths).
     assert guarantee["epsilon"] == pytest.approx(3.48946, abs=5e-5)
     assert guarantee["epsilon_adaptivity"] >= 3.48946 - 1.52748 - 1e-4
 

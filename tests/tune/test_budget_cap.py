@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 DELTA = 1e-5
 SAMPLE_RATE, STEPS = 0.05, 40
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where the drivers are
 
 
 def plan_for(sigma: float) -> TrialSpend:
