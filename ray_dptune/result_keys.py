@@ -28,4 +28,4 @@ PARTITION_KEY = "dp_partition"
 """Config key of a partition trial: ``{"index": i, "count": k}``, optionally with ``"private": False``."""
 
 AUDIT_KEY = "dp_audit"
-"""In an audited trial's last report: its canary counts (an :class:`~ray_dptune.audit.canaries.AuditCounts` dict)."""
+"""In an audited trial's last report: its canary counts (an :class:`~ray_dptune.audit.counts.AuditCounts` dict)."""

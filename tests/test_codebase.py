@@ -4,6 +4,8 @@ modules, keyword-only privacy arguments, and a size smell."""
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,28 @@ def test_the_rules_catch_what_they_forbid():
     )
     modules = {"ray_dptune.records", "ray_dptune.records.ledger", "ray_dptune.tune.guard", "ray_dptune.tune"}
     assert _imports(late, modules) == {"ray_dptune.records.ledger", "ray_dptune.tune.guard"}
+
+
+REFERENCE = re.compile(r":(?:class|func|meth|mod|data|attr|exc):`~?(ray_dptune(?:\.\w+)+)`")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module of the package or an attribute reached from one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(target, name):
+                return False
+            target = getattr(target, name)
+        return True
+    return False
+
+
+def test_every_cross_reference_in_a_docstring_resolves():
+    references = {match for path in MODULES for match in REFERENCE.findall(path.read_text(encoding="utf-8"))}
+    assert len(references) > 50  # the scan sees them
+    assert sorted(reference for reference in references if not _resolves(reference)) == []

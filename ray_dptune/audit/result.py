@@ -16,7 +16,7 @@ def released_audit(
     """The audit section for the released trial: ``record`` (the search's) completed with its counts.
 
     Args:
-        record: the audit's public record from the report (:meth:`~ray_dptune.audit.CanaryAudit.record`).
+        record: the audit's public record from the report (:meth:`~ray_dptune.training.canaries.CanaryAudit.record`).
         reported: the released trial's last ``dp_audit`` result, or None when it reported none.
         epsilon_upper: the proven ε of the whole search.
         delta: its δ (the null hypothesis is (ε, δ)-DP).
