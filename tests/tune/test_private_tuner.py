@@ -59,6 +59,20 @@ def test_bad_input_is_refused_before_anything_runs():
     for rule in ({"metric": "val_acc"}, {"mode": "max"}):
         with pytest.raises(PrivacyError, match="no selection rule"):  # refused before σ is even calibrated
             private_tuner(trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, law=PointMass(2), **rule)
+    with pytest.raises(ValueError, match="reports its validation accuracy as 'val_acc'"):  # a misspelled metric
+        private_tuner(
+            trainable(),
+            param_space=SPACE,
+            epsilon=3.0,
+            delta=DELTA,
+            law=PointMass(2),
+            metric="val_accuracy",
+            mode="max",
+        )
+    with pytest.raises(ValueError, match="must not set 'dp_search_plan'"):
+        private_tuner(
+            trainable(), param_space={**SPACE, "dp_search_plan": "{}"}, epsilon=3.0, delta=DELTA, law=PointMass(2)
+        )
     with pytest.raises(ValueError, match="metric='val_acc' differs from tune_config.metric='loss'"):
         conflicting = {"metric": "val_acc", "tune_config": tune.TuneConfig(metric="loss", mode="min")}
         private_tuner(trainable(), param_space=SPACE, epsilon=3.0, delta=DELTA, law=PointMass(2), **conflicting)
