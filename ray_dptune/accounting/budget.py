@@ -9,8 +9,8 @@ starts; padding the attempts that did not happen with null runs, the search is a
 adaptive composition of at most that many runs beside the selection (Mironov 2017,
 Prop. 1), so the target bounds it although the number of retries depends on the run.
 
-The budget also says whether a search is complete (every trial ran to its end), what
-resuming an interrupted one would cost, and the line a person reads when it ends.
+The budget also says whether a search is complete (every trial ran to its end) and what
+resuming an interrupted one would cost; the lines a person reads are :mod:`ray_dptune.tune.console`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 
 from ray_dptune.accounting.account import CHARGING_EVENTS, SearchAccount
 from ray_dptune.accounting.guarantee import Guarantee
-from ray_dptune.accounting.search_mechanism import HalvingMechanism
 from ray_dptune.errors import BudgetExceededError, PrivacyError
 
 __all__ = ["SearchBudget"]
@@ -56,6 +55,20 @@ class SearchBudget:
         self._account = account
         self._total = total
         self._scope = scope
+
+    @property
+    def account(self) -> SearchAccount:
+        """The search's account as it stands (a restore replaces it)."""
+        return self._account()
+
+    @property
+    def scope(self) -> str:
+        """What the cap applies to, in words ("The search's guarantee")."""
+        return self._scope
+
+    def total(self, guarantee: Guarantee) -> float | None:
+        """The ε the cap applies to when the search's guarantee is ``guarantee``."""
+        return self._total(guarantee)
 
     def epsilon(self) -> float | None:
         """The ε the report shows: the worst case if the search stopped now."""
@@ -129,64 +142,3 @@ class SearchBudget:
             f"{count} trial(s) {_UNFINISHED_WORDS[state]}" for state, count in account.unfinished().items() if count
         ]
         return not reasons, "; ".join(reasons) or None
-
-    def progress_line(self, *, num_trials: int) -> str:
-        """The live line: the search's ε while it runs (the dataset's total with a ledger) and its progress."""
-        account = self._account()
-        guarantee = account.guarantee()
-        total = self._total(guarantee)
-        shown = f"(ε = {guarantee.epsilon:.4g}, δ = {account.delta:g})"
-        if account.reserved_reruns:
-            shown += f", spent so far ε = {account.spent().epsilon:.4g}"
-        if total is not None and total != guarantee.epsilon:
-            shown += f"; {self._scope.lower()} ε = {total:.4g}"
-        if self.target_epsilon is not None:
-            shown += f" of a budget of {self.target_epsilon:g}"
-        if isinstance(account.mechanism, HalvingMechanism):  # the number of trials is not fixed: the budget is
-            done = (
-                f"trials {account.trials_completed} done; {account.units_charged}/"
-                f"{account.mechanism.budget_units} time units charged"
-            )
-        else:
-            done = (
-                f"trials {account.trials_completed}/{num_trials} done; {guarantee.charged_attempts} attempt(s) "
-                "charged beyond the selection bound"
-            )
-        return f"whole search: {shown}; {done}"
-
-    def end_line(self, *, complete: bool, reason: str | None, path: str | None, resumable: bool = True) -> str:
-        """What the search says when it ends: done, or incomplete / over budget.
-
-        An incomplete search also says whether it can be resumed (never after a violation such as a spend
-        past the plan: ``resumable=False``).
-        """
-        account = self._account()
-        epsilon = self.epsilon()
-        shown = "n/a (no trial reported a plan)" if epsilon is None else f"{epsilon:.4g}"
-        where = f"report: {path or 'not written (no trial ran; pass report_path=)'}"
-        over = not self.held()
-        if account.refused_before_training():
-            return (
-                f"search REFUSED before any training step: {reason}. No attempt touched the data: the search spent "
-                f"nothing (ε = 0). Fix the trainable and run the search again; {where}"
-            )
-        if complete and not over and (account.trials_completed or not account.trials):
-            return f"search done: (ε = {shown}, δ = {account.delta:g}) for the whole search; {where}"
-        if complete and not over:
-            return (
-                f"search done, but no trial ran its plan to the end (ε = {shown}, δ = {account.delta:g}): nothing "
-                f"may be released, as a failed run never is; {where}"
-            )
-        state = f"search INCOMPLETE: {reason}" if not complete else "search ended OVER ITS BUDGET"
-        state += f"; ε = {shown}" + (f" > target {self.target_epsilon:g}" if over else "")
-        advice = "nothing may be released"
-        interrupted, resumed = self.resume_epsilon()
-        if interrupted and resumable and not over and resumed is not None:
-            if self.target_epsilon is None or resumed <= self.target_epsilon:
-                advice += (
-                    f"; resume it with tune.Tuner.restore(path, trainable), which re-runs {interrupted} trial(s): "
-                    f"ε = {resumed:.4g}"
-                )
-            else:
-                advice += f"; re-running its {interrupted} trial(s) would reach ε = {resumed:.4g}: it cannot be resumed"
-        return f"{state} (δ = {account.delta:g}); {advice}; {where}"

@@ -23,6 +23,7 @@ from ray_dptune.records.ledger import LedgerEntry, PrivacyLedger
 from ray_dptune.records.report import PrivacyReport, searcher_report, write_search_report
 from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of, refuse_truncation
+from ray_dptune.tune.console import end_line, progress_line
 from ray_dptune.tune.guard import (
     DATA_INDEPENDENT_STOP_KEYS,
     check_retries,
@@ -402,7 +403,9 @@ class PrivacyAccountantCallback(Callback):
         self._update_ledger(force=True)
         path = write_search_report(self.report(), report_path=self._report_path, trials=trials, storage=self._storage)
         if self._verbose:
-            line = self._budget.end_line(complete=complete, reason=reason, path=path, resumable=self._violation is None)
+            line = end_line(
+                self._budget, complete=complete, reason=reason, path=path, resumable=self._violation is None
+            )
             print(f"[ray_dptune] {line}", flush=True)
         if self._violation is not None:
             raise self._violation
@@ -555,7 +558,7 @@ class PrivacyAccountantCallback(Callback):
         """O(1): the account keeps counters and caches the curve per count of charged attempts."""
         if not self._verbose or self._account.plan is None:
             return
-        line = self._budget.progress_line(num_trials=self._searcher.num_trials)
+        line = progress_line(self._budget, num_trials=self._searcher.num_trials)
         if line != self._last_logged:
             print(f"[ray_dptune] {line}", flush=True)
             self._last_logged = line

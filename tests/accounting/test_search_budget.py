@@ -17,6 +17,7 @@ from ray_dptune.accounting.search_mechanism import SearchMechanism
 from ray_dptune.accounting.selection import repeat_and_select
 from ray_dptune.accounting.spend import TrialSpend
 from ray_dptune.errors import BudgetExceededError, PrivacyError
+from ray_dptune.tune.console import end_line
 
 DELTA = 1e-5
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=20)
@@ -75,7 +76,7 @@ def test_check_refuses_a_search_over_its_target_and_a_live_attempt_counts(accoun
     with pytest.raises(PrivacyError, match="4 attempt"):
         budget(account).check()
     budget(account, target=None).check()
-    assert "OVER ITS BUDGET" in budget(account).end_line(complete=True, reason=None, path="r.json")
+    assert "OVER ITS BUDGET" in end_line(budget(account), complete=True, reason=None, path="r.json")
 
 
 def test_too_little_budget_for_the_first_trial_is_refused_before_it_runs():
@@ -91,31 +92,31 @@ def test_resuming_re_runs_each_interrupted_trial_at_its_plan(account):
     run(account, "b", end="interrupted")
     assert budget(account).resume_epsilon() == (1, pytest.approx(composed(3), rel=1e-12))
     budget(account).check_resumable()
-    line = budget(account).end_line(complete=False, reason="1 trial(s) stopped", path="r.json")
+    line = end_line(budget(account), complete=False, reason="1 trial(s) stopped", path="r.json")
     assert "INCOMPLETE" in line and "re-runs 1 trial(s)" in line and f"{composed(3):.4g}" in line
 
     run(account, "c", end="interrupted")  # 3 charged; re-running both reaches 5 > target
     assert budget(account).resume_epsilon() == (2, pytest.approx(composed(5), rel=1e-12))
     with pytest.raises(PrivacyError, match="2 interrupted trial"):
         budget(account).check_resumable()
-    line = budget(account).end_line(complete=False, reason="2 trial(s) stopped", path="r.json")
+    line = end_line(budget(account), complete=False, reason="2 trial(s) stopped", path="r.json")
     assert "cannot be resumed" in line and "nothing may be released" in line
     assert f"; ε = {budget(account).epsilon():.4g}" in line  # what the search stands at, said on the driver
-    assert "re-runs" not in budget(account).end_line(
-        complete=False, reason="a spend past its plan", path="r.json", resumable=False
+    assert "re-runs" not in end_line(
+        budget(account), complete=False, reason="a spend past its plan", path="r.json", resumable=False
     )
     budget(account, target=None).check_resumable()
 
 
 def test_a_complete_search_within_its_target_says_done(account):
     run(account, "a")
-    line = budget(account).end_line(complete=True, reason=None, path="r.json")
+    line = end_line(budget(account), complete=True, reason=None, path="r.json")
     assert line.startswith("search done: (ε = ") and f"{composed(1):.4g}" in line and "r.json" in line
 
 
 def test_a_complete_search_whose_every_trial_failed_says_nothing_may_be_released(account):
     run(account, "a", "failed")
-    line = budget(account).end_line(complete=True, reason=None, path="r.json")
+    line = end_line(budget(account), complete=True, reason=None, path="r.json")
     assert line.startswith("search done, but no trial ran its plan to the end") and "nothing may be released" in line
 
 
