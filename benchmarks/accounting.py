@@ -7,7 +7,7 @@ and mean E[K], this script computes in one process:
 * ``eps_dp``        dp_accounting on its default orders (``DEFAULT_RDP_ORDERS``);
 * ``eps_dp_atom``   the same, with the mass P[K=0] = e^{-μ} added back for Poisson
                     (dp_accounting applies P&S Theorem 6 as stated, whose proof leaves
-                    it out; see ``ray_dptune.accounting.generic.add_no_run_atom``);
+                    it out; see ``ray_dptune.accounting.bounds.lemma7.generic.add_no_run_atom``);
 * ``eps_same``      ours, base curve on THE SAME orders as dp_accounting;
 * ``eps_ours``      ours, our default orders, closed forms only (``generic=False``, the cross-check);
 * ``eps_exact``     ours, Poisson on a Gaussian base, with the exact Gaussian profile;
@@ -60,15 +60,16 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
-from ray_dptune.accounting import DEFAULT_ORDERS, RDPCurve, gaussian_profile, mechanisms, repeat_and_select
-from ray_dptune.accounting.distributions import Poisson, RunCountDistribution, TruncatedNegativeBinomial
-from ray_dptune.accounting.generic import add_no_run_atom
+from ray_dptune.accounting import DEFAULT_ORDERS, RDPCurve, gaussian_profile, repeat_and_select
+from ray_dptune.accounting.bounds.distributions import Poisson, RunCountDistribution, TruncatedNegativeBinomial
+from ray_dptune.accounting.bounds.lemma7.generic import add_no_run_atom
+from ray_dptune.accounting.curves import profiles
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SAME_BASE_RTOL = 1e-9
 EXACT_PROFILE_LIMIT = 3.80  # Poisson, E[K] = 10, 0.1-zCDP, δ = 1e-6 (dp_accounting: ~4.607)
 DP_ORDERS = np.asarray(DEFAULT_RDP_ORDERS, dtype=float)
-BENCHMARKED_PATHS = ("ray_dptune/accounting", "ray_dptune/accounting/distributions.py", "ray_dptune/errors.py")
+BENCHMARKED_PATHS = ("ray_dptune/accounting", "ray_dptune/accounting/bounds/distributions.py", "ray_dptune/errors.py")
 
 # (name, η): dp_accounting's ``shape``; η = inf is Poisson.
 LAWS: tuple[tuple[str, float], ...] = (
@@ -178,7 +179,7 @@ def epsilon_ours(case: Case, orders: np.ndarray | None = None, generic: bool = F
 
 def epsilon_ours_cold(case: Case) -> float:
     """The library default, every cache (PLDs, profiles) emptied first: the cost of a first accounting."""
-    mechanisms.clear_profile_caches()
+    profiles.clear_profile_caches()
     return epsilon_ours(case, generic=True)
 
 
@@ -614,7 +615,7 @@ def markdown(rows: list[Row], summary: dict, env: dict) -> str:
         "- ε_ours_exact: Poisson on a Gaussian base only, `base_delta=gaussian_profile(σ)`.",
         (
             "- ε_default: the library default: closed forms ∧ certified P&S Lemma 7, DP-SGD orders chosen adaptively "
-            "(`ray_dptune.accounting.adaptive_orders`); on DP-SGD the exact PLD profile (Poisson: δ̂ of Thm 6; TNB: "
+            "(`ray_dptune.accounting.curves.adaptive_orders`); on DP-SGD the exact PLD profile (Poisson: δ̂ of Thm 6; TNB: "
             "Lemma 7's trade-off constraints)."
         ),
         (

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import private_scheduler as bench  # provenance (environment, header_lines) and write_results
 
 from ray_dptune import PointMass, calibrate_noise_multiplier
-from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, sampling_schedule
 from ray_dptune.audit import AuditCounts
 from ray_dptune.training import CanaryAudit
 from ray_dptune.training.loop import train

@@ -3,7 +3,7 @@
 A *bare* curve is an ``RDPCurve(orders, epsilons)`` with no known mechanism behind it (a
 user's own curve, or one read back from a ledger): our default bound is then the minimum of
 the closed forms and P&S Lemma 7 maximised, certified, over every two-point pair the curve
-allows (:mod:`ray_dptune.accounting.worst_pair`). dp_accounting's equivalent on a bare curve
+allows (:mod:`ray_dptune.accounting.bounds.lemma7.worst_pair`). dp_accounting's equivalent on a bare curve
 is the function its ``RdpAccountant`` applies to a ``RepeatAndSelectDpEvent``:
 ``rdp_privacy_accountant._compute_rdp_repeat_and_select(orders, rdp, mean, shape)`` (the
 accountant itself only takes events, whose curve it computes first).
@@ -50,15 +50,16 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
-from ray_dptune.accounting import DEFAULT_ORDERS, RDPCurve, repeat_and_select, worst_pair
-from ray_dptune.accounting.distributions import (
+from ray_dptune.accounting import DEFAULT_ORDERS, RDPCurve, repeat_and_select
+from ray_dptune.accounting.bounds.distributions import (
     Geometric,
     Logarithmic,
     Poisson,
     RunCountDistribution,
     TruncatedNegativeBinomial,
 )
-from ray_dptune.accounting.generic import add_no_run_atom
+from ray_dptune.accounting.bounds.lemma7 import worst_pair
+from ray_dptune.accounting.bounds.lemma7.generic import add_no_run_atom
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DELTA = 1e-6

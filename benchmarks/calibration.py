@@ -21,9 +21,9 @@ from pathlib import Path
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
-from ray_dptune.accounting.distributions import Poisson, TruncatedNegativeBinomial
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.bounds.distributions import Poisson, TruncatedNegativeBinomial
 
 SAMPLE_RATE, STEPS, DELTA, MEAN = 64 / 1437, 336, 1e-5, 8.0
 RESULTS = Path(__file__).resolve().parent / "results" / "calibration.md"

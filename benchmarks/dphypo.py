@@ -18,7 +18,7 @@ digits over the paper's 16×20 (learning rate, clipping norm) grid):
 * **uniform, same σ** (context only): uniform search on the σ_HyPO landscape,
   isolating the benefit of adaptivity from its privacy cost.
 
-T is drawn per repetition from ``Geometric(γ)`` (``ray_dptune.accounting.distributions``),
+T is drawn per repetition from ``Geometric(γ)`` (``ray_dptune.accounting.bounds.distributions``),
 never capped. The synthetic landscape (three Gaussian bumps, no training) is run
 the same way, with one landscape for both methods.
 
@@ -210,9 +210,9 @@ def _hypo_task(task: tuple) -> tuple[str, float, int, dict[str, Any], float]:
 
 def epsilons(meta: dict[str, Any], gammas: list[float]) -> dict[str, Any]:
     """Total ε of both searches at each γ (equal at the calibration law), and one trial's ε."""
-    from ray_dptune.accounting.calibrate import search_epsilon
-    from ray_dptune.accounting.distributions import Geometric
-    from ray_dptune.accounting.spend import TrialSpend
+    from ray_dptune.accounting.bookkeeping.calibrate import search_epsilon
+    from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+    from ray_dptune.accounting.bounds.distributions import Geometric
 
     cal = meta["calibration"]
     q, steps = cal["sample_rate"], cal["steps"]
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.noise != "se":
         float(args.noise)
 
-    from ray_dptune.accounting.distributions import Geometric
+    from ray_dptune.accounting.bounds.distributions import Geometric
     from ray_dptune.search.density import DEFAULT_BETA, DEFAULT_TAU
 
     _init_worker()  # quiet: botorch's and absl's warnings

@@ -5,7 +5,7 @@ For each (C, c), both searches are calibrated to the same total ε (default 8, �
 
 * uniform: min(P&S Theorem 2, P&S Lemma 7 numerically (``generic_repeat_and_select``)) → σ_u;
 * DP-HyPO: min(closed form of Theorem 1, Lemma A.5 numerically
-  (:func:`ray_dptune.accounting.dphypo_bound.dphypo_lemma_bound`)) at C/c → σ_h.
+  (:func:`ray_dptune.accounting.bounds.dphypo_bound.dphypo_lemma_bound`)) at C/c → σ_h.
 
 Landscapes are the cached ones of ``benchmarks/dphypo_landscapes.py`` (no training
 here): digits at σ = 1.0428 and σ = 1.3894; a cell's accuracy at another σ is
@@ -48,10 +48,10 @@ SIGMA_LOW, SIGMA_HIGH = 1.0428, 1.3894  # the cached digits landscapes
 
 def search_epsilon(sigma: float, gamma: float, ratio: float, upper: float) -> float:
     from ray_dptune.accounting import RDPCurve, generic_repeat_and_select
-    from ray_dptune.accounting.distributions import Geometric
-    from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound
-    from ray_dptune.accounting.selection import truncated_negative_binomial_bound
-    from ray_dptune.accounting.spend import TrialSpend
+    from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+    from ray_dptune.accounting.bounds.distributions import Geometric
+    from ray_dptune.accounting.bounds.dphypo_bound import dphypo_lemma_bound
+    from ray_dptune.accounting.bounds.selection import truncated_negative_binomial_bound
 
     base = TrialSpend(sample_rate=64 / 1437, noise_multiplier=sigma, steps=110).curve()
     base = RDPCurve(base.orders, base.epsilons)  # RDP only for both: DP-HyPO's proof has no PLD version

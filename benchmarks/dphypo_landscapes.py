@@ -70,9 +70,9 @@ TRAIN_SIZE = 1437  # digits_data's training split
 
 def noise_multipliers(target_epsilon: float, mean_trials: float, batch_size: int, epochs: int) -> dict[str, Any]:
     """σ_HyPO and σ_uniform giving both searches the same total ε, with the ε's they reach."""
-    from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
-    from ray_dptune.accounting.distributions import Geometric
-    from ray_dptune.accounting.spend import TrialSpend
+    from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier, search_epsilon
+    from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+    from ray_dptune.accounting.bounds.distributions import Geometric
     from ray_dptune.training import sampling_schedule
 
     law = Geometric.from_mean(mean_trials)

@@ -175,8 +175,8 @@ def _clip_summary(last: dict[str, Any]) -> dict[str, float]:
 def calibrate(arms: list[Arm], args: argparse.Namespace) -> dict[float, dict[str, float]]:
     """σ per E[K], with the whole-search and one-trial ε it gives."""
     from ray_dptune import Poisson, calibrate_noise_multiplier
-    from ray_dptune.accounting.calibrate import search_epsilon
-    from ray_dptune.accounting.spend import TrialSpend
+    from ray_dptune.accounting.bookkeeping.calibrate import search_epsilon
+    from ray_dptune.accounting.bookkeeping.spend import TrialSpend
     from ray_dptune.training import PrivacyParams, trial_plan
 
     n_train = 1437

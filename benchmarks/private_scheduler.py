@@ -170,15 +170,15 @@ def mechanism(method: str) -> Any:
 
 def search_epsilon(method: str, sigma: float) -> float:
     """The whole search's ε at δ when every trial uses σ (nothing charged yet; the account's bound)."""
-    from ray_dptune.accounting.account import SearchAccount
+    from ray_dptune.accounting.bookkeeping.account import SearchAccount
 
     return SearchAccount(mechanism(method), delta=DELTA, plan=trial_plan_for(sigma).to_dict()).guarantee().epsilon
 
 
 def one_trial_epsilon(sigma: float) -> float:
     """ε at δ of one whole trial (the same exact-profile accountant: a halving budget of one trial)."""
-    from ray_dptune.accounting.account import SearchAccount
-    from ray_dptune.accounting.search_mechanism import SearchMechanism
+    from ray_dptune.accounting.bookkeeping.account import SearchAccount
+    from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 
     one = SearchMechanism.halving(budget_units=MAX_T, max_t=MAX_T)
     return SearchAccount(one, delta=DELTA, plan=trial_plan_for(sigma).to_dict()).guarantee().epsilon
@@ -365,7 +365,7 @@ class _Trial:
 
 def _attach_account(scheduler: Any, sigma: float) -> Any:
     """An in-memory account for the scheduler's searcher, as PrivacyAccountantCallback attaches its own."""
-    from ray_dptune.accounting.account import SearchAccount
+    from ray_dptune.accounting.bookkeeping.account import SearchAccount
 
     searcher = scheduler.searcher
     account = SearchAccount(searcher.privacy_mechanism(), delta=DELTA, plan=trial_plan_for(sigma).to_dict())

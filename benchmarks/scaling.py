@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 
 from ray_dptune import Poisson, TrialSpend
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.guarantee import Guarantee
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.records.ledger import PrivacyLedger
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

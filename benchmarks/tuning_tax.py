@@ -205,7 +205,7 @@ def build(method: str, seed: int | None) -> Any:
 
 def mechanism(dataset: str, method: str) -> Any:
     """The whole search's mechanism; the oracle's is one whole trial (a halving budget of one trial: exact PLD)."""
-    from ray_dptune.accounting.search_mechanism import SearchMechanism
+    from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 
     if method == "oracle":
         epochs = DATASETS[dataset]["epochs"]
@@ -215,8 +215,8 @@ def mechanism(dataset: str, method: str) -> Any:
 
 def calibrate(task: tuple[str, float, str]) -> tuple[str, float, str, dict[str, Any]]:
     """σ of ``method`` on ``dataset`` for total ε, and the ε ``search_epsilon`` gives at it; or why none exists."""
-    from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
-    from ray_dptune.accounting.search_mechanism import SearchMechanism
+    from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier, search_epsilon
+    from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
     from ray_dptune.errors import PrivacyError
 
     dataset, epsilon, method = task

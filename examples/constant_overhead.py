@@ -31,7 +31,7 @@ import ray
 from ray import tune
 
 from ray_dptune import private_tuner, release_best
-from ray_dptune.accounting.svt import svt_curve
+from ray_dptune.accounting.bounds.svt import svt_curve
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable
 

@@ -34,7 +34,7 @@ import numpy as np
 from scipy import integrate, stats
 
 from ray_dptune.accounting import RDPCurve, repeat_and_select
-from ray_dptune.accounting.distributions import Poisson, RunCountDistribution, TruncatedNegativeBinomial
+from ray_dptune.accounting.bounds.distributions import Poisson, RunCountDistribution, TruncatedNegativeBinomial
 
 # P&S Section 2: class means, unit isotropic covariance, 40 training inputs, 8 outliers.
 MU_NEGATIVE = (7.86, -3.36)

@@ -12,9 +12,15 @@ import importlib
 from typing import Any
 
 from ray_dptune.accounting import RDPCurve, repeat_and_select
-from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
-from ray_dptune.accounting.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.bounds.distributions import (
+    Geometric,
+    Logarithmic,
+    PointMass,
+    Poisson,
+    TruncatedNegativeBinomial,
+)
 from ray_dptune.errors import BudgetExceededError, PrivacyError, RefusedBeforeTraining, UnsupportedBoundError
 from ray_dptune.search.registry import SEARCHERS
 

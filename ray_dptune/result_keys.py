@@ -8,14 +8,14 @@ from its config, a trainable of the user's own :data:`SEARCH_PLAN_KEY`. No Ray, 
 __all__ = ["AUDIT_KEY", "EPSILON_KEY", "PARTITION_KEY", "PLAN_KEY", "PRIVATE_KEY", "SEARCH_PLAN_KEY", "SPENT_KEY"]
 
 PLAN_KEY = "dp_plan"
-"""The most the trial will spend (a :class:`~ray_dptune.accounting.spend.TrialSpend` dict), fixed before training."""
+"""The most the trial will spend (a :class:`~ray_dptune.accounting.bookkeeping.spend.TrialSpend` dict), fixed before training."""
 
 SPENT_KEY = "dp_spent"
 """What the trial has spent so far; this report's score included."""
 
 SEARCH_PLAN_KEY = "dp_search_plan"
 """Config key :func:`~ray_dptune.private_tuner` sets for a trainable of its own: the plan every trial must fit (a
-:class:`~ray_dptune.accounting.spend.TrialSpend` dict as JSON), which ``OpacusSpend(..., config=config)`` checks
+:class:`~ray_dptune.accounting.bookkeeping.spend.TrialSpend` dict as JSON), which ``OpacusSpend(..., config=config)`` checks
 before the first training step."""
 
 PRIVATE_KEY = "dp_private"

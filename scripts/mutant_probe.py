@@ -34,9 +34,13 @@ import numpy as np
 from dp_accounting.pld import privacy_loss_distribution
 from mutmut.mutation import trampoline
 
-from ray_dptune.accounting import account as account_module
-from ray_dptune.accounting import calibrate, dpbo_bounds, information_gain, mechanisms, pld_reading, svt
-from ray_dptune.accounting.distributions import (
+from ray_dptune.accounting.bookkeeping import account as account_module
+from ray_dptune.accounting.bookkeeping import calibrate
+from ray_dptune.accounting.bookkeeping.guarantee import compose_with_releases
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, covering_curve, sampling_schedule, unit_spend
+from ray_dptune.accounting.bounds import dpbo_bounds, information_gain, svt
+from ray_dptune.accounting.bounds.distributions import (
     Geometric,
     Logarithmic,
     PointMass,
@@ -45,15 +49,13 @@ from ray_dptune.accounting.distributions import (
     TruncatedNegativeBinomial,
     secure_rng,
 )
-from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound
-from ray_dptune.accounting.generic import generic_repeat_and_select
-from ray_dptune.accounting.guarantee import compose_with_releases
-from ray_dptune.accounting.partner_search import constraint_orders, lowest_partner
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.rounding import round_up
-from ray_dptune.accounting.search_mechanism import SearchMechanism
-from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.spend import TrialSpend, covering_curve, sampling_schedule, unit_spend
+from ray_dptune.accounting.bounds.dphypo_bound import dphypo_lemma_bound
+from ray_dptune.accounting.bounds.lemma7.generic import generic_repeat_and_select
+from ray_dptune.accounting.bounds.lemma7.partner_search import constraint_orders, lowest_partner
+from ray_dptune.accounting.bounds.rounding import round_up
+from ray_dptune.accounting.bounds.selection import repeat_and_select
+from ray_dptune.accounting.curves import pld_reading, profiles
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 Probe = Callable[[], dict[str, float]]
 TIMEOUT_S = 120
@@ -127,17 +129,17 @@ def adaptive() -> dict[str, float]:
     return out
 
 
-def profiles() -> dict[str, float]:
+def base_profiles() -> dict[str, float]:
     grid = np.array([0.0, 0.5, 1.0, 2.0, 4.0])
     out: dict[str, float] = {}
-    for i, d in enumerate(mechanisms.gaussian_profile(noise_multiplier=1.3)(grid)):
+    for i, d in enumerate(profiles.gaussian_profile(noise_multiplier=1.3)(grid)):
         out[f"gaussian delta@{grid[i]}"] = float(d)
-    profile = mechanisms.subsampled_gaussian_profile(sample_rate=0.05, noise_multiplier=1.1, steps=40)
+    profile = profiles.subsampled_gaussian_profile(sample_rate=0.05, noise_multiplier=1.1, steps=40)
     for i, d in enumerate(profile(grid)):
         out[f"dpsgd delta@{grid[i]}"] = float(d)
-    known = mechanisms.KnownMechanism(noise_multiplier=1.1, sample_rate=0.05, steps=40)
+    known = profiles.KnownMechanism(noise_multiplier=1.1, sample_rate=0.05, steps=40)
     out["known eps"] = known.epsilon(delta=1e-5)
-    out["known gaussian eps"] = mechanisms.KnownMechanism(noise_multiplier=2.0, steps=4).epsilon(delta=1e-5)
+    out["known gaussian eps"] = profiles.KnownMechanism(noise_multiplier=2.0, steps=4).epsilon(delta=1e-5)
     pld = privacy_loss_distribution.from_gaussian_mechanism(
         1.1, sampling_prob=0.05, value_discretization_interval=1e-3
     ).self_compose(10)
@@ -145,7 +147,7 @@ def profiles() -> dict[str, float]:
         out[f"pld delta@{grid[i]}"] = float(d)
     orders = np.array([1.5, 2.0, 4.0, 16.0, 64.0])
     for adaptive in (False, True):
-        rdp = mechanisms.subsampled_gaussian_rdp(
+        rdp = profiles.subsampled_gaussian_rdp(
             sample_rate=0.05, noise_multiplier=0.9, steps=5, orders=orders, adaptive=adaptive
         )
         out |= {f"sgm adaptive={adaptive} rdp@{order}": float(v) for order, v in zip(orders, rdp)}
@@ -354,7 +356,7 @@ PROBES: dict[str, Probe] = {
     "selection pure": selection("pure", lambda: RDPCurve.pure(epsilon=0.4), True),
     "adaptive": adaptive,
     "partner certificates": partner_certificates,
-    "profiles": profiles,
+    "profiles": base_profiles,
     "accounts": accounts,
     "calibration": calibration,
     "spends": spends,

@@ -6,7 +6,7 @@
 # reported numbers. A LOWERS or ACCEPTS verdict is a hole: kill it with a test.
 #
 #   bash scripts/mutants.sh                                        # everything
-#   bash scripts/mutants.sh 'ray_dptune.accounting.selection.*'    # one module (mutmut name globs)
+#   bash scripts/mutants.sh 'ray_dptune.accounting.bounds.selection.*'    # one module (mutmut name globs)
 #
 # Results stay in mutants/ (git-ignored): with no argument, mutmut keeps each mutant's cached verdict;
 # a glob re-runs every mutant it names, finished or not (so a module named twice runs twice).

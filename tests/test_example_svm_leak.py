@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ray_dptune.accounting import RDPCurve, repeat_and_select
-from ray_dptune.accounting.distributions import Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.bounds.distributions import Poisson, TruncatedNegativeBinomial
 
 pytest.importorskip("sklearn")
 

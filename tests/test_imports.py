@@ -97,7 +97,13 @@ def _needs(module: str) -> str | None:
 
 
 @pytest.mark.parametrize(
-    "module", ["ray_dptune", "ray_dptune.accounting", "ray_dptune.accounting.account", "ray_dptune.search.projection"]
+    "module",
+    [
+        "ray_dptune",
+        "ray_dptune.accounting",
+        "ray_dptune.accounting.bookkeeping.account",
+        "ray_dptune.search.projection",
+    ],
 )
 def test_pure_modules_pull_no_ray_and_no_torch(module):
     code = f"import sys, {module}; print(sorted(m for m in ('ray', 'torch') if m in sys.modules))"
@@ -186,7 +192,7 @@ def test_digits_data_names_the_examples_extra():
 def test_core_schedule_is_opacus_schedule(dataset_size, batch_size):
     """accounting.spend.sampling_schedule (no torch) yields as many steps as Opacus's sampler (oracle: Opacus)."""
     uniform_sampler = pytest.importorskip("opacus.utils.uniform_sampler")
-    from ray_dptune.accounting.spend import sampling_schedule
+    from ray_dptune.accounting.bookkeeping.spend import sampling_schedule
 
     sample_rate, steps = sampling_schedule(dataset_size, batch_size)
     sampler = uniform_sampler.UniformWithReplacementSampler(num_samples=dataset_size, sample_rate=sample_rate)

@@ -2,7 +2,7 @@
 
 The whole-search analogue of TF-Privacy's ``compute_dp_sgd_privacy``: from the target,
 the law of the number of trials K and one trial's DP-SGD plan, print σ
-(:func:`~ray_dptune.accounting.calibrate.calibrate_noise_multiplier`) and what the search
+(:func:`~ray_dptune.accounting.bookkeeping.calibrate.calibrate_noise_multiplier`) and what the search
 costs at it (:func:`ray_dptune.cli.planning.calibration`; printing in :mod:`ray_dptune.cli.format`).
 
 Example: ``ray-dptune calibrate --epsilon 3 --delta 1e-5 --mean 8 --sample-rate 0.0445 --steps 198 --retries 1``.

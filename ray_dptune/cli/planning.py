@@ -28,8 +28,9 @@ import numpy as np
 
 from ray_dptune import validate
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
-from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
-from ray_dptune.accounting.distributions import (
+from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier, search_epsilon
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, sampling_schedule
+from ray_dptune.accounting.bounds.distributions import (
     Geometric,
     Logarithmic,
     PointMass,
@@ -37,8 +38,7 @@ from ray_dptune.accounting.distributions import (
     RunCountDistribution,
     TruncatedNegativeBinomial,
 )
-from ray_dptune.accounting.mechanisms import DeltaProfile
-from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
+from ray_dptune.accounting.curves.profiles import DeltaProfile
 
 __all__ = [
     "DEFAULT_LAWS",
@@ -331,9 +331,9 @@ def calibration(
 ) -> dict[str, Any]:
     """σ for a whole search of K ~ ``law`` trials to meet (``epsilon``, ``delta``), and its cost (``calibrate``).
 
-    σ is :func:`~ray_dptune.accounting.calibrate.calibrate_noise_multiplier`'s, with
+    σ is :func:`~ray_dptune.accounting.bookkeeping.calibrate.calibrate_noise_multiplier`'s, with
     ``retries`` attempts reserved at the plan; the search's ε at σ is the account's
-    (:class:`~ray_dptune.accounting.account.SearchAccount`) with no retry used and with
+    (:class:`~ray_dptune.accounting.bookkeeping.account.SearchAccount`) with no retry used and with
     all of them used, and σ of one run alone (K = 1, no retry) prices the tuning.
 
     Returns:

@@ -2,7 +2,7 @@
 
 One SQLite file per experiment (``privacy_journal.db`` in the experiment folder). It
 holds the search's record (its id, mechanism, δ, plan) and the append-only list of
-account events (:meth:`ray_dptune.accounting.account.SearchAccount.apply`). Events that
+account events (:meth:`ray_dptune.accounting.bookkeeping.account.SearchAccount.apply`). Events that
 can add privacy cost — a suggestion, an attempt start, a halving charge, a report of units
 run past the charge (``overrun``), a failure Tune retries (``retry``: charged from then on),
 a restore, a selection or release by the searcher, the plan — are committed with ``synchronous=FULL`` *before* Tune may
@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.store import SQLiteStore
 

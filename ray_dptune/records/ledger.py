@@ -3,12 +3,12 @@
 Re-running a private search until the results look good is itself a mechanism on the
 data, so the searches on one dataset compose: their RDP curves add (Mironov 2017,
 Prop. 1) and their approximate-DP releases add in ε and δ (basic composition, Dwork &
-Roth 2014, Thm 3.16); :func:`~ray_dptune.accounting.guarantee.compose_with_releases`
+Roth 2014, Thm 3.16); :func:`~ray_dptune.accounting.bookkeeping.guarantee.compose_with_releases`
 joins the two parts at a δ.
 
 Each search's driver upserts the composed
-:class:`~ray_dptune.accounting.guarantee.Guarantee` of its
-:class:`~ray_dptune.accounting.account.SearchAccount` (:class:`LedgerEntry`), with the ε
+:class:`~ray_dptune.accounting.bookkeeping.guarantee.Guarantee` of its
+:class:`~ray_dptune.accounting.bookkeeping.account.SearchAccount` (:class:`LedgerEntry`), with the ε
 its account computed at its δ. A dataset's total composes the stored guarantees: one
 indexed upsert per record and one scan of float64 blobs per total, whatever the searches
 were. A search read alone at its own δ shows its account's ε (which may be tighter than
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ray_dptune.accounting.guarantee import Guarantee, compose_with_releases
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.bookkeeping.guarantee import Guarantee, compose_with_releases
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.store import SQLiteStore, StoreError
 
@@ -124,7 +124,7 @@ class PrivacyLedger:
         Raises:
             PrivacyError: the search is recorded on another dataset, or the ledger is locked.
             ValueError: an empty identifier or an invalid release.
-            TypeError: ``guarantee`` is not a :class:`~ray_dptune.accounting.guarantee.Guarantee`.
+            TypeError: ``guarantee`` is not a :class:`~ray_dptune.accounting.bookkeeping.guarantee.Guarantee`.
         """
         row = _search_row(search_id, dataset, guarantee, summary)
         self._forget(dataset, search_id)
@@ -306,7 +306,7 @@ class LedgerEntry:
             )
 
     def update(self, account: Any, *, journal: str | None, force: bool = False) -> None:
-        """Records ``account`` (a :class:`~ray_dptune.accounting.account.SearchAccount`) when its charge changed."""
+        """Records ``account`` (a :class:`~ray_dptune.accounting.bookkeeping.account.SearchAccount`) when its charge changed."""
         charge = (account.charged_attempts(if_stopped_now=True), account.selections, len(account.releases))
         if charge != self._recorded or force:
             self.ledger.record_account(

@@ -45,7 +45,7 @@ class PrivacyReport:
             and nothing may be released.
         released_trial_id: the trial :func:`~ray_dptune.release_best` released (None until then).
         searcher: the searcher's class name.
-        mechanism: how the search is bounded (:class:`~ray_dptune.accounting.search_mechanism.SearchMechanism` record).
+        mechanism: how the search is bounded (:class:`~ray_dptune.accounting.bookkeeping.search_mechanism.SearchMechanism` record).
         guarantee: (ε, δ) of the whole search and how it is made up.
         threat_model: what is protected, under which assumption.
         covers: which outputs the guarantee covers.

@@ -14,7 +14,7 @@ import json
 import uuid
 from typing import Any
 
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 
 __all__ = ["OPERATOR_RECORD", "STATEMENT_FILE", "public_statement", "write_statement"]
 

@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 import numpy as np
 from ray.tune.search import Searcher
 
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict, secure_rng
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution, distribution_from_dict, secure_rng
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.registry import searcher_names
 from ray_dptune.search.space import check_space, space_fingerprint
@@ -79,7 +79,7 @@ class PrivateSearcher(Searcher):
     The accountant asks each searcher:
 
     * :meth:`privacy_mechanism`: how the whole search is bounded (a
-      :class:`~ray_dptune.accounting.search_mechanism.SearchMechanism`); the account turns it, the plan
+      :class:`~ray_dptune.accounting.bookkeeping.search_mechanism.SearchMechanism`); the account turns it, the plan
       and every attempt into the guarantee — no searcher computes one itself.
     * :meth:`accounts_trial`: must this trial report ``dp_plan``/``dp_spent``? Such trials
       all satisfy one plan (an RDP curve) that the callback learns and enforces.

@@ -10,7 +10,7 @@ Three phases, all driven by this searcher:
    These trials may be non-private: their models are never released, and their
    utilities reach the output only through phase 2.
 2. **Sparse-vector rounds** (lines 12–34), in the driver once every partition trial is
-   done: at most T_max ε-DP AboveThreshold rounds (:mod:`ray_dptune.accounting.svt`)
+   done: at most T_max ε-DP AboveThreshold rounds (:mod:`ray_dptune.accounting.bounds.svt`)
    pick s*; each u_s has sensitivity 1/k (Lemma 2).
 3. **Final trial** (line 35): s* trained with DP-SGD on the whole training set; its
    plan is the search's plan, and it is the released trial.
@@ -28,8 +28,8 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from ray_dptune.accounting.search_mechanism import SearchMechanism
-from ray_dptune.accounting.svt import (
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bounds.svt import (
     HEADROOM_FACTOR,
     SVTParams,
     SVTResult,
@@ -55,7 +55,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
     rounds that pick s*, then one DP-SGD trial of s* on the whole training set, and
     returns ``FINISHED``. The privacy guarantee of the released final trial is
     ``T_max`` ε-DP rounds composed with the final trial's plan: with the default
-    T_max (:func:`~ray_dptune.accounting.svt.default_max_rounds`, 46 for g = 0.01,
+    T_max (:func:`~ray_dptune.accounting.bounds.svt.default_max_rounds`, 46 for g = 0.01,
     u0 = 0), ε_round = 0.05 adds 2.3 to ε at most, however large S is.
 
     Failures. Give ``tune.RunConfig(failure_config=tune.FailureConfig(max_failures=...))``
@@ -203,7 +203,7 @@ class ConstantOverheadSearcher(PrivateSearcher):
 
         Each round is ε_round-DP (Dwork & Roth Thm 3.23 with Δ = 1/k by Ding et al.
         Lemma 2; Ding et al. Thm 3, part I), so T_max rounds have RDP
-        T_max · min(ε, αε²/2) (:func:`~ray_dptune.accounting.svt.svt_curve`); the final
+        T_max · min(ε, αε²/2) (:func:`~ray_dptune.accounting.bounds.svt.svt_curve`); the final
         DP-SGD training composes by addition (Mironov 2017, Prop. 1).
         """
         return SearchMechanism.constant_overhead(epsilon_round=self._params.epsilon, max_rounds=self._max_rounds)

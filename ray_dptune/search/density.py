@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ray_dptune.accounting.distributions import secure_rng
+from ray_dptune.accounting.bounds.distributions import secure_rng
 from ray_dptune.errors import PrivacyError
 from ray_dptune.extras import extra_imports
 from ray_dptune.search.gp import single_thread

@@ -9,7 +9,7 @@ finite candidate set Λ; only the final release is differentially private:
   Algorithm 3, Theorem 7, without the GP assumption).
 
 The maths (β_t, c, C1, γ_T, the noise scales, and where it departs from the paper
-towards more noise) lives in :mod:`ray_dptune.accounting.dpbo_bounds`.
+towards more noise) lives in :mod:`ray_dptune.accounting.bounds.dpbo_bounds`.
 
 The surrogate's hyperparameters are FIXED before any data: kernel (RBF or Matérn-5/2),
 lengthscale ℓ on the unit-cube coordinates, k2(λ, λ) = 1, noise variance σ², prior mean
@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ray_dptune.accounting import dpbo_bounds as vr
-from ray_dptune.accounting.information_gain import KernelName
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bounds import dpbo_bounds as vr
+from ray_dptune.accounting.bounds.information_gain import KernelName
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 from ray_dptune.extras import require_extra
 from ray_dptune.search.base import PrivateSearcher
@@ -78,7 +78,7 @@ class DPBOSearcher(PrivateSearcher):
     * ``algorithm=3`` (Assumption 2, no GP assumption): ṽ only, Laplace of scale
       ((λ_max − λ_min)L/(λ_maxλ_min) + g*/m)/ε (Theorem 7), ε-DP; λ = config[reg_key].
     * ``algorithm=2`` (noise-free, Theorem 5) raises UnsupportedBoundError: its
-      constants are not computable (:func:`~ray_dptune.accounting.dpbo_bounds.algorithm2_laplace_scale`).
+      constants are not computable (:func:`~ray_dptune.accounting.bounds.dpbo_bounds.algorithm2_laplace_scale`).
 
     The guarantee is Kusner's: it holds under the stated assumption, and δ includes
     the probability (over the GP prior and the observation noise) that the

@@ -3,7 +3,7 @@
 :class:`DPBOSettings` checks every argument of :class:`~ray_dptune.search.dpbo.DPBOSearcher`
 before any data is seen; :meth:`DPBOSettings.guarantee` states the release's (ε, δ) and
 its assumption, and :func:`release_constants` computes the sensitivities and noise
-scales over a candidate set Λ (:mod:`ray_dptune.accounting.dpbo_bounds`).
+scales over a candidate set Λ (:mod:`ray_dptune.accounting.bounds.dpbo_bounds`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any, Literal
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting import dpbo_bounds as vr
-from ray_dptune.accounting.information_gain import KernelName, max_information_gain_bound_from_points
-from ray_dptune.accounting.rounding import round_up
+from ray_dptune.accounting.bounds import dpbo_bounds as vr
+from ray_dptune.accounting.bounds.information_gain import KernelName, max_information_gain_bound_from_points
+from ray_dptune.accounting.bounds.rounding import round_up
 from ray_dptune.errors import UnsupportedBoundError
 
 __all__ = ["DEFAULT_LENGTHSCALE", "DEFAULT_NOISE_VARIANCE", "EXPLORATION_DELTA", "DPBOSettings", "release_constants"]

@@ -37,7 +37,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from ray_dptune.accounting.distributions import PointMass, RunCountDistribution, TruncatedNegativeBinomial
+from ray_dptune.accounting.bounds.distributions import PointMass, RunCountDistribution, TruncatedNegativeBinomial
 from ray_dptune.errors import UnsupportedBoundError
 from ray_dptune.extras import require_extra
 from ray_dptune.search.base import RunCountSearcher

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ray_dptune.accounting.information_gain import KernelName
+from ray_dptune.accounting.bounds.information_gain import KernelName
 from ray_dptune.extras import extra_imports
 
 __all__ = ["gp_posterior", "single_thread"]
@@ -45,7 +45,7 @@ def gp_posterior(
         train_y: (t,) observations.
         test_x: (n, k) inputs to predict at.
         kernel: "rbf" or "matern52" (Matérn-5/2), as in
-            :func:`~ray_dptune.accounting.information_gain.kernel_matrix`.
+            :func:`~ray_dptune.accounting.bounds.information_gain.kernel_matrix`.
         lengthscale: ℓ > 0, fixed.
         noise_variance: σ² > 0, the fixed observation noise.
 

@@ -9,7 +9,7 @@ promotion through :meth:`HalvingSearcher.charge`; the rung scores live here, one
 :class:`~ray_dptune.search.rungs.Rungs` per bracket, so they are saved and restored
 with the searcher.
 
-Two routes (``SearchMechanism.halving``, :mod:`~ray_dptune.accounting.halving_budget`):
+Two routes (``SearchMechanism.halving``, :mod:`~ray_dptune.accounting.bookkeeping.halving_budget`):
 
 * one bracket: every segment of every trial and every score is covered, by the
   composition of ``budget_units`` units;
@@ -25,8 +25,8 @@ from typing import Any, TypedDict
 
 from ray.tune.schedulers import TrialScheduler
 
-from ray_dptune.accounting.distributions import RunCountDistribution
-from ray_dptune.accounting.search_mechanism import HalvingMechanism, SearchMechanism
+from ray_dptune.accounting.bookkeeping.search_mechanism import HalvingMechanism, SearchMechanism
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.search.base import PrivateSearcher
 from ray_dptune.search.rungs import Rungs
 from ray_dptune.search.space import sample_config

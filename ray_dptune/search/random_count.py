@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray_dptune.accounting.distributions import RunCountDistribution
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.search.base import RunCountSearcher
 from ray_dptune.search.space import sample_config
 

@@ -17,7 +17,7 @@ with extra_imports("train", __name__):
     import opacus  # noqa: F401  (every module below needs torch and Opacus: one message for them all)
     import torch  # noqa: F401
 
-from ray_dptune.accounting.spend import sampling_schedule
+from ray_dptune.accounting.bookkeeping.spend import sampling_schedule
 from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.training.automatic import AutomaticClipDPOptimizer, automatic_clipping
 from ray_dptune.training.canaries import CanaryAudit, CanaryScorer

@@ -32,7 +32,7 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, sampling_schedule
 from ray_dptune.audit.counts import AuditCounts
 from ray_dptune.errors import PrivacyError
 from ray_dptune.result_keys import AUDIT_KEY, PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_KEY

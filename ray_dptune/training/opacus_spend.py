@@ -42,8 +42,8 @@ from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
 from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
 
 from ray_dptune import validate
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.spend import TrialSpend, describe_excess, parse_report, report_covers
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, describe_excess, parse_report, report_covers
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError, RefusedBeforeTraining
 from ray_dptune.result_keys import PLAN_KEY, SEARCH_PLAN_KEY, SPENT_KEY
 

@@ -1,6 +1,6 @@
 """A trial's privacy plan: what its DP-SGD run and score releases may spend, before training.
 
-The plan is a :class:`~ray_dptune.accounting.spend.TrialSpend` built from the four
+The plan is a :class:`~ray_dptune.accounting.bookkeeping.spend.TrialSpend` built from the four
 privacy parameters (σ, batch size, epochs, score σ) and the size of the training
 set. The sampling schedule is Opacus's: Poisson sampling at rate q = batch_size / n,
 and as many steps per epoch as ``opacus.utils.uniform_sampler.UniformWithReplacementSampler``
@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from numbers import Integral, Real
 from typing import Any, cast
 
-from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, sampling_schedule
 
 __all__ = [
     "PRIVACY_KEYS",

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from opacus.optimizers import DPOptimizer
 
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
 
 __all__ = ["SpendGuard", "TrainState"]

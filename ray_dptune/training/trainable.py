@@ -2,7 +2,7 @@
 
 The trainable reports, with every ``tune.report``, the score plus its privacy plan
 (``"dp_plan"``) and spending (``"dp_spent"``), the protocol that
-:class:`~ray_dptune.accounting.spend.TrialSpend` defines; the loop itself is
+:class:`~ray_dptune.accounting.bookkeeping.spend.TrialSpend` defines; the loop itself is
 :func:`ray_dptune.training.loop.train`.
 """
 
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.training.canaries import CanaryAudit
 from ray_dptune.training.loop import train

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 from ray.tune import Callback
 
 from ray_dptune import validate
-from ray_dptune.accounting.account import LIVE_STATES, SearchAccount
-from ray_dptune.accounting.budget import SearchBudget
-from ray_dptune.accounting.guarantee import Guarantee
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.spend import TrialSpend, describe_excess, read_trial_reports, report_covers
+from ray_dptune.accounting.bookkeeping.account import LIVE_STATES, SearchAccount
+from ray_dptune.accounting.bookkeeping.budget import SearchBudget
+from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, describe_excess, read_trial_reports, report_covers
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import BudgetExceededError, PrivacyError, RefusedBeforeTraining
 from ray_dptune.records.journal import SearchJournal, journal_location
 from ray_dptune.records.ledger import LedgerEntry, PrivacyLedger
@@ -46,7 +46,7 @@ __all__ = ["PrivacyAccountantCallback"]
 class PrivacyAccountantCallback(Callback):
     """Keeps one durable privacy account of the search and reports its (ε, δ), live and at the end.
 
-    The guarantee is computed in one place, :class:`~ray_dptune.accounting.account.SearchAccount`:
+    The guarantee is computed in one place, :class:`~ray_dptune.accounting.bookkeeping.account.SearchAccount`:
     the searcher's mechanism (P&S Thms 2/6 and DP-HyPO Thm 1 for random-count searches,
     sparse-vector rounds plus the final training for constant-overhead tuning, the
     searcher's own release for DP-BO) covers one attempt per trial, up to K; every other
@@ -59,7 +59,7 @@ class PrivacyAccountantCallback(Callback):
     charges every attempt the killed driver left running or only suggested. A second
     search into the same experiment folder is refused.
 
-    **The budget is a hard cap** (:class:`~ray_dptune.accounting.budget.SearchBudget`): with
+    **The budget is a hard cap** (:class:`~ray_dptune.accounting.bookkeeping.budget.SearchBudget`): with
     ``target_epsilon``, an event that may add cost (a suggestion, a start, a retry Tune
     grants, a searcher's selection) is admitted only while the guarantee after it stays
     within the target, before it is journaled. A retry that does not fit ends its trial in

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ray_dptune.accounting.budget import SearchBudget
-from ray_dptune.accounting.search_mechanism import HalvingMechanism
+from ray_dptune.accounting.bookkeeping.budget import SearchBudget
+from ray_dptune.accounting.bookkeeping.search_mechanism import HalvingMechanism
 
 __all__ = ["end_line", "progress_line"]
 

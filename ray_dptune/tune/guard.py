@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ray import tune
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from ray_dptune.accounting.spend import report_covers
+from ray_dptune.accounting.bookkeeping.spend import report_covers
 from ray_dptune.errors import PrivacyError, RefusedBeforeTraining
 from ray_dptune.result_keys import PLAN_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of
@@ -108,7 +108,7 @@ def require_selection_rule(searcher: Any) -> None:
 def check_retries(max_failures: int, searcher: Any) -> None:
     """Raises PrivacyError when Tune would re-run a failed trial of a search whose bound does not allow it.
 
-    See :attr:`~ray_dptune.accounting.search_mechanism.SearchMechanism.allows_retries`. Re-runs after an
+    See :attr:`~ray_dptune.accounting.bookkeeping.search_mechanism.SearchMechanism.allows_retries`. Re-runs after an
     interrupted driver (``Tuner.restore``) and after a preempted node are not failures of the trial: they
     are charged at the plan, under the threat model's assumption that the interruption does not depend on
     the data.

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from ray_dptune import validate
-from ray_dptune.accounting.distributions import RunCountDistribution
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.halving import HalvingSearcher
 from ray_dptune.search.rungs import Rungs

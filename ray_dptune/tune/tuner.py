@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
-from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
-from ray_dptune.accounting.distributions import RunCountDistribution
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier, search_epsilon
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 from ray_dptune.result_keys import SEARCH_PLAN_KEY
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of

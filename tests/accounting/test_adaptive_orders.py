@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from ray_dptune.accounting import adaptive_orders
-from ray_dptune.accounting.distributions import Poisson, TruncatedNegativeBinomial
-from ray_dptune.accounting.rdp import DEFAULT_ORDERS, RDPCurve
-from ray_dptune.accounting.selection import repeat_and_select
+from ray_dptune.accounting.bounds.distributions import Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.bounds.selection import repeat_and_select
+from ray_dptune.accounting.curves import adaptive_orders
+from ray_dptune.accounting.curves.rdp import DEFAULT_ORDERS, RDPCurve
 
 SETTINGS = [  # (q, σ, steps): DP-SGD from strong to weak privacy, small and large batches
     (0.01, 1.1, 1000),

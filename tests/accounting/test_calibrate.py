@@ -5,10 +5,10 @@ import pytest
 
 from ray_dptune import PointMass, Poisson, PrivacyError, TrialSpend, TruncatedNegativeBinomial
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.accounting.calibrate import calibrate_noise_multiplier, search_epsilon
-from ray_dptune.accounting.mechanisms import subsampled_gaussian_profile
-from ray_dptune.accounting.search_mechanism import SearchMechanism
-from ray_dptune.accounting.spend import covering_curve, curve_from_report, report_covers
+from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier, search_epsilon
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.spend import covering_curve, curve_from_report, report_covers
+from ray_dptune.accounting.curves.profiles import subsampled_gaussian_profile
 
 
 def test_spend_curve_composes_training_and_noisy_scores():

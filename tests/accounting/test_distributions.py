@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ray_dptune.accounting import distributions as d
-from ray_dptune.accounting.distributions import (
+from ray_dptune.accounting.bounds import distributions as d
+from ray_dptune.accounting.bounds.distributions import (
     Geometric,
     Logarithmic,
     PointMass,

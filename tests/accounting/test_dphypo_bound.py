@@ -52,10 +52,15 @@ import numpy as np
 import pytest
 
 from ray_dptune.accounting import RDPCurve, generic_repeat_and_select
-from ray_dptune.accounting.distributions import Geometric, Logarithmic, RunCountDistribution, TruncatedNegativeBinomial
-from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound, lemma_a4_curve
-from ray_dptune.accounting.selection import repeat_and_select, truncated_negative_binomial_bound
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.bounds.distributions import (
+    Geometric,
+    Logarithmic,
+    RunCountDistribution,
+    TruncatedNegativeBinomial,
+)
+from ray_dptune.accounting.bounds.dphypo_bound import dphypo_lemma_bound, lemma_a4_curve
+from ray_dptune.accounting.bounds.selection import repeat_and_select, truncated_negative_binomial_bound
 
 ORDERS = np.array([1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0])
 HIGH_ORDERS = np.concatenate([ORDERS, [256.0, 1024.0]])  # the designed search's divergence peaks at α → ∞

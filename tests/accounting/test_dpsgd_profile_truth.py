@@ -1,6 +1,6 @@
 """The DP-SGD privacy profile against the truth, with teeth (issue 24, item 3).
 
-Under test: ``mechanisms.KnownMechanism(sample_rate=q, noise_multiplier=σ, steps=T)``, the
+Under test: ``profiles.KnownMechanism(sample_rate=q, noise_multiplier=σ, steps=T)``, the
 mechanism an ``RDPCurve.subsampled_gaussian`` carries: its ``profile()`` (dp_accounting's
 pessimistic privacy loss distribution at ``PROFILE_DISCRETIZATION``, read by
 ``pld_reading.hockey_stick_deltas``), its ``partner()`` (the lowest q' one post-processing can
@@ -8,7 +8,7 @@ give with q, built from that profile) and its ``epsilon(delta=)``. The profile i
 Papernot & Steinke (2022), "Hyperparameter Tuning with Renyi Differential Privacy",
 arXiv:2110.03620v2, Theorem 6 (Poisson K: ``selection.poisson_bound`` via
 ``selection.known_profile``), and ``partner()`` is the feasible set of (q, q') over which
-accounting/generic.py maximises their Lemma 7, the default bound for truncated negative
+accounting/bounds/lemma7/generic.py maximises their Lemma 7, the default bound for truncated negative
 binomial, Geometric and Logarithmic laws of K. A δ(ε) below the truth makes those bounds, and
 every reported ε built on them, too small.
 
@@ -46,7 +46,7 @@ Tolerances, and why they are honest:
   at the ε tested is below 1e-3·δ (asserted, so the check keeps its teeth; the tested range ends
   near δ ~ 1e-7). A δ below a certified lower bound of the truth is a violation. Measured margins:
   ours is 1e-14 to 2e-4 above the exact truth, 8e-5 to 7e-3 above the lattice, so a halved δ(ε)
-  fails by ~50 % and even 0.99·δ(ε) fails (checked on a scratch copy of mechanisms.py).
+  fails by ~50 % and even 0.99·δ(ε) fails (checked on a scratch copy of profiles.py).
 - Tightness, ``ours <= truth·(1 + tolerance)``: TIGHT_EXACT = 1e-3 against the exact truth where
   δ >= 1e-12 (measured <= 2e-4), TIGHT = 2e-2 against the lattice at the digits plan (measured
   <= 7.3e-3, at σ = 2.5: the PLD's 1e-3 discretisation). This guards utility (needless
@@ -70,11 +70,11 @@ import scipy.fft
 from dp_accounting.pld import pld_privacy_accountant
 from scipy import integrate, optimize, special
 
-from ray_dptune.accounting import mechanisms
-from ray_dptune.accounting.distributions import Geometric, Poisson, TruncatedNegativeBinomial
-from ray_dptune.accounting.mechanisms import KnownMechanism
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.selection import repeat_and_select
+from ray_dptune.accounting.bounds.distributions import Geometric, Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.bounds.selection import repeat_and_select
+from ray_dptune.accounting.curves import profiles
+from ray_dptune.accounting.curves.profiles import KnownMechanism
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 REMOVE, ADD = "remove", "add"
 U_DOUBLE = float(np.finfo(np.float64).eps)
@@ -326,9 +326,9 @@ def lattice_lower_bound(q: float, sigma: float, steps: int, epsilon: np.ndarray)
 
 
 # ------------------------------------------------------------------------------------ checks
-def profile_of(q: float, sigma: float, steps: int) -> mechanisms.DeltaProfile:
+def profile_of(q: float, sigma: float, steps: int) -> profiles.DeltaProfile:
     """δ(ε) exactly as the bounds read it: ``RDPCurve.subsampled_gaussian(...).mechanism.profile()``."""
-    mechanisms.clear_profile_caches()
+    profiles.clear_profile_caches()
     curve = RDPCurve.subsampled_gaussian(sample_rate=q, noise_multiplier=sigma, steps=steps)
     assert curve.mechanism == KnownMechanism(sample_rate=q, noise_multiplier=sigma, steps=steps)
     return curve.mechanism.profile()
@@ -340,7 +340,7 @@ def below_truth(ours: np.ndarray, truth_low: np.ndarray, slack: np.ndarray, epsi
     return [f"ε = {e:g}: δ = {o:.6g} < truth >= {t:.6g}" for e, o, t in zip(epsilons[bad], ours[bad], truth_low[bad])]
 
 
-def exact_violations(profile: mechanisms.DeltaProfile, case: tuple[float, float, int]) -> list[str]:
+def exact_violations(profile: profiles.DeltaProfile, case: tuple[float, float, int]) -> list[str]:
     truth = exact_delta(*case)
     ours = np.asarray(profile(EXACT_EPSILONS), dtype=float)
     return below_truth(ours, truth, EXACT_SLACK_REL * truth + EXACT_SLACK_ABS, EXACT_EPSILONS)
@@ -355,7 +355,7 @@ def digits_epsilons(sigma: float) -> np.ndarray:
     return kept
 
 
-def lattice_violations(profile: mechanisms.DeltaProfile, sigma: float) -> list[str]:
+def lattice_violations(profile: profiles.DeltaProfile, sigma: float) -> list[str]:
     epsilons = digits_epsilons(sigma)
     low, _ = lattice_lower_bound(DIGITS_RATE, sigma, DIGITS_STEPS, epsilons)
     return below_truth(np.asarray(profile(epsilons), dtype=float), low, np.zeros_like(low), epsilons)
@@ -388,12 +388,12 @@ def halve_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every DP-SGD profile returns δ(ε)/2, the weakening issue 24 found unguarded (the plain Gaussian's is kept)."""
     original = KnownMechanism.profile
 
-    def halved(self: KnownMechanism) -> mechanisms.DeltaProfile:
+    def halved(self: KnownMechanism) -> profiles.DeltaProfile:
         profile = original(self)
         return profile if self.is_gaussian else (lambda epsilon: 0.5 * profile(epsilon))
 
     monkeypatch.setattr(KnownMechanism, "profile", halved)
-    mechanisms.clear_profile_caches()
+    profiles.clear_profile_caches()
 
 
 @pytest.fixture
@@ -549,7 +549,7 @@ def test_epsilon_is_rounded_up_from_the_pessimistic_distribution(delta):
     pld = dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=sigma,
         pessimistic_estimate=True,
-        value_discretization_interval=mechanisms.PROFILE_DISCRETIZATION,
+        value_discretization_interval=profiles.PROFILE_DISCRETIZATION,
         sampling_prob=q,
     ).self_compose(steps)
     raw = pld.get_epsilon_for_delta(delta)
@@ -620,7 +620,7 @@ def search_epsilons() -> dict[str, float]:
 
 def test_a_halved_profile_lowers_the_digits_plan_search_epsilon_and_the_truth_test_sees_it(monkeypatch):
     """What the truth tests guard: halving δ(ε) cuts the reported whole-search ε (Lemma 7 and Theorem 6)."""
-    mechanisms.clear_profile_caches()
+    profiles.clear_profile_caches()
     honest = search_epsilons()
     halve_profiles(monkeypatch)
     weakened = search_epsilons()

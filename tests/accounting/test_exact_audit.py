@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from ray_dptune.accounting import RDPCurve, generic_repeat_and_select, repeat_and_select
-from ray_dptune.accounting.distributions import (
+from ray_dptune.accounting.bounds.distributions import (
     Geometric,
     PointMass,
     Poisson,

@@ -23,8 +23,8 @@ from test_exact_audit import LAWS, MP, ORDERS, Pair, base_curve, best_of_k_law, 
 
 from ray_dptune import RandomCountSearcher
 from ray_dptune.accounting import RDPCurve, repeat_and_select
-from ray_dptune.accounting.distributions import PointMass, Poisson
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bounds.distributions import PointMass, Poisson
 
 DELTA = 1e-5
 TAIL = MP.mpf("1e-45")

@@ -30,11 +30,12 @@ from ray_dptune.accounting import (
     generic_repeat_and_select,
     repeat_and_select,
     subsampled_gaussian_profile,
-    svt,
 )
-from ray_dptune.accounting import dpbo_bounds as vr
-from ray_dptune.accounting import information_gain as ig
-from ray_dptune.accounting.distributions import (
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.bounds import dpbo_bounds as vr
+from ray_dptune.accounting.bounds import information_gain as ig
+from ray_dptune.accounting.bounds import svt
+from ray_dptune.accounting.bounds.distributions import (
     Geometric,
     Logarithmic,
     PointMass,
@@ -43,9 +44,8 @@ from ray_dptune.accounting.distributions import (
     distribution_from_dict,
     secure_rng,
 )
-from ray_dptune.accounting.generic import add_no_run_atom
-from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bounds.lemma7.generic import add_no_run_atom
+from ray_dptune.accounting.bounds.selection import poisson_bound, truncated_negative_binomial_bound
 from ray_dptune.errors import PrivacyError
 
 EDGES = (0, 0.0, -1, -1.0, math.inf, -math.inf, math.nan, 1e-300, 1e300)

@@ -15,8 +15,8 @@ import mpmath as mp
 import numpy as np
 import pytest
 
-from ray_dptune.accounting import information_gain as ig
-from ray_dptune.accounting import rounding
+from ray_dptune.accounting.bounds import information_gain as ig
+from ray_dptune.accounting.bounds import rounding
 
 NOISES = (1e-2, 1e-6, 1e-9, 1e-12)
 LOOSENESS = {1e-2: 1e-11, 1e-6: 1e-8, 1e-9: 1e-5, 1e-12: 3e-3}

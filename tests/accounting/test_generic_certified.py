@@ -12,9 +12,9 @@ import pytest
 from scipy import special
 
 from ray_dptune.accounting import RDPCurve, generic_repeat_and_select
-from ray_dptune.accounting.distributions import Poisson, TruncatedNegativeBinomial
-from ray_dptune.accounting.generic import add_no_run_atom
-from ray_dptune.accounting.worst_pair import upper_envelope
+from ray_dptune.accounting.bounds.distributions import Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.bounds.lemma7.generic import add_no_run_atom
+from ray_dptune.accounting.bounds.lemma7.worst_pair import upper_envelope
 
 pytestmark = pytest.mark.fast
 

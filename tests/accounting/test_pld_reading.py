@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import common, privacy_loss_distribution
 
-from ray_dptune.accounting import mechanisms, pld_reading
+from ray_dptune.accounting.curves import pld_reading, profiles
 
 PLDS = [  # (q, σ, steps, discretisation): DP-SGD, a large batch, the plain Gaussian, weak and strong noise
     (0.01, 1.1, 1000, 1e-3),
@@ -54,8 +54,8 @@ def test_beyond_the_largest_exponent_delta_is_read_at_it_never_below_the_truth()
 
 def test_the_dpsgd_profile_reads_dp_accountings_values():
     """The profile the selection bounds use gives dp_accounting's values (clipped to [0, 1])."""
-    mechanisms.clear_profile_caches()
-    profile = mechanisms.subsampled_gaussian_profile(
+    profiles.clear_profile_caches()
+    profile = profiles.subsampled_gaussian_profile(
         sample_rate=0.01, noise_multiplier=1.1, steps=1000, discretization=1e-3
     )
     epsilons = np.geomspace(1e-3, 30.0, 300)

@@ -219,7 +219,7 @@ def test_dominates_is_conservative_across_grids():
 @pytest.mark.slow
 def test_dp_accounting_convergence_failures_are_not_logged_per_order(caplog):
     """q = 1/15, σ = 1: dp_accounting cannot sum its series at ~100 fractional orders; the Gaussian bounds them."""
-    from ray_dptune.accounting.adaptive_orders import dp_accounting_step_rdp
+    from ray_dptune.accounting.curves.adaptive_orders import dp_accounting_step_rdp
 
     unsummed = np.isinf(dp_accounting_step_rdp(sample_rate=1 / 15 + 1e-9, noise_multiplier=1.0, orders=DEFAULT_ORDERS))
     with caplog.at_level("WARNING"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ray_dptune import PointMass, TrialSpend
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
 
 PLAN = TrialSpend(sample_rate=0.05, noise_multiplier=1.5, steps=40)

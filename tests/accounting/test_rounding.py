@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ray_dptune.accounting.rounding import ROUND_UP, round_up
+from ray_dptune.accounting.bounds.rounding import ROUND_UP, round_up
 
 
 @pytest.mark.parametrize("value", [1e-300, 0.25, 1.0, 3.0, 1e200])

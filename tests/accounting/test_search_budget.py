@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.budget import SearchBudget
-from ray_dptune.accounting.distributions import Poisson
-from ray_dptune.accounting.search_mechanism import SearchMechanism
-from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.budget import SearchBudget
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.bounds.distributions import Poisson
+from ray_dptune.accounting.bounds.selection import repeat_and_select
 from ray_dptune.errors import BudgetExceededError, PrivacyError
 from ray_dptune.tune.console import end_line
 

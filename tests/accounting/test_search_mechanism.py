@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,7 @@ def test_a_halving_search_has_no_selection_curve_to_read():
 
 def test_the_public_definition_keeps_the_law_and_drops_what_was_drawn_from_it():
     """K and the number of halving brackets stay with the operator (P&S App. D.1); the laws are public."""
-    from ray_dptune.accounting.distributions import PointMass, Poisson
+    from ray_dptune.accounting.bounds.distributions import PointMass, Poisson
 
     drawn = SearchMechanism.random_count(law=Poisson(mean=4.0), num_trials=7, density_ratio=2.0).public_definition()
     assert drawn == {"kind": "random_count", "params": {"law": Poisson(mean=4.0).to_dict(), "density_ratio": 2.0}}

@@ -8,7 +8,7 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 from ray_dptune.accounting import RDPCurve, gaussian_profile, generic_repeat_and_select, repeat_and_select
-from ray_dptune.accounting.distributions import (
+from ray_dptune.accounting.bounds.distributions import (
     Geometric,
     Logarithmic,
     PointMass,
@@ -16,8 +16,8 @@ from ray_dptune.accounting.distributions import (
     RunCountDistribution,
     TruncatedNegativeBinomial,
 )
-from ray_dptune.accounting.generic import add_no_run_atom
-from ray_dptune.accounting.selection import poisson_bound, truncated_negative_binomial_bound
+from ray_dptune.accounting.bounds.lemma7.generic import add_no_run_atom
+from ray_dptune.accounting.bounds.selection import poisson_bound, truncated_negative_binomial_bound
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 SIGMA = math.sqrt(5.0)  # 0.1-zCDP

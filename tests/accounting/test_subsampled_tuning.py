@@ -16,8 +16,8 @@ import pytest
 from scipy import stats
 
 from ray_dptune import Poisson, TrialSpend, repeat_and_select
-from ray_dptune.accounting import subsampled_tuning
-from ray_dptune.accounting.subsampled_tuning import (
+from ray_dptune.accounting.bounds import subsampled_tuning
+from ray_dptune.accounting.bounds.subsampled_tuning import (
     PLD_DISCRETIZATION,
     amplified,
     subsampled_search_epsilon,

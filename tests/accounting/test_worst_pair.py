@@ -19,9 +19,10 @@ import mpmath
 import numpy as np
 import pytest
 
-from ray_dptune.accounting import RDPCurve, generic_repeat_and_select, partner_search, worst_pair
-from ray_dptune.accounting.distributions import Geometric, Logarithmic, Poisson, TruncatedNegativeBinomial
-from ray_dptune.accounting.generic import add_no_run_atom
+from ray_dptune.accounting import RDPCurve, generic_repeat_and_select
+from ray_dptune.accounting.bounds.distributions import Geometric, Logarithmic, Poisson, TruncatedNegativeBinomial
+from ray_dptune.accounting.bounds.lemma7 import partner_search, worst_pair
+from ray_dptune.accounting.bounds.lemma7.generic import add_no_run_atom
 
 DP_ORDERS = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024], float)
 CURVES = {

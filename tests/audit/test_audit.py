@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from ray_dptune import PointMass, private_tuner, release_best
-from ray_dptune.accounting.spend import TrialSpend, sampling_schedule
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, sampling_schedule
 from ray_dptune.audit import AuditCounts, one_run_epsilon_lower, one_run_p_value, released_audit
 from ray_dptune.cli.main import main as cli_main
 from ray_dptune.training import CanaryAudit, CanaryScorer, digits_cnn, digits_data, dp_trainable

@@ -14,10 +14,16 @@ import pytest
 
 from ray_dptune import TrialSpend
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.calibrate import calibrate_noise_multiplier
-from ray_dptune.accounting.distributions import Geometric, Logarithmic, PointMass, Poisson, TruncatedNegativeBinomial
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bounds.distributions import (
+    Geometric,
+    Logarithmic,
+    PointMass,
+    Poisson,
+    TruncatedNegativeBinomial,
+)
 from ray_dptune.cli.main import main
 
 SIGMA = 5**0.5  # the Gaussian mechanism with σ = √5 is 0.1-zCDP

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 from ray_dptune import PointMass, TrialSpend
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.cli.main import main as cli
 from ray_dptune.errors import PrivacyError
 from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal, journal_summary
@@ -98,7 +98,7 @@ def test_the_cli_shows_what_a_killed_search_spent(tmp_path, capsys):
 
 
 def test_each_event_type_is_folded_and_any_other_is_refused():
-    from ray_dptune.accounting.account import EVENT_TYPES
+    from ray_dptune.accounting.bookkeeping.account import EVENT_TYPES
 
     events = {
         "plan": {"plan": PLAN.to_dict()},

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from ray_dptune import PointMass, Poisson, PrivacyError, RDPCurve, TrialSpend
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.guarantee import compose_with_releases
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.guarantee import compose_with_releases
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.cli.main import main
 from ray_dptune.records.ledger import PrivacyLedger
 from ray_dptune.records.store import StoreError

@@ -19,8 +19,7 @@ from ray import tune
 from scipy import integrate
 
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, TrialSpend, UnsupportedBoundError
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.svt import (
+from ray_dptune.accounting.bounds.svt import (
     NON_RANDOMIZED,
     SVTParams,
     default_max_rounds,
@@ -30,6 +29,7 @@ from ray_dptune.accounting.svt import (
     svt_round,
     worst_case_noiseless_rounds,
 )
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.result_keys import PARTITION_KEY
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
 from ray_dptune.search.space import expand_candidates

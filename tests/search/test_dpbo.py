@@ -19,8 +19,8 @@ from ray import tune
 from scipy import special, stats
 
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, UnsupportedBoundError, private_tune_config
-from ray_dptune.accounting import dpbo_bounds as vr
-from ray_dptune.accounting import information_gain as ig
+from ray_dptune.accounting.bounds import dpbo_bounds as vr
+from ray_dptune.accounting.bounds import information_gain as ig
 from ray_dptune.records.report import REPORT_FILE
 from ray_dptune.search.candidates import build_candidate_set
 from ray_dptune.search.dpbo import DPBOSearcher, draw_index

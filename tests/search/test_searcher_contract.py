@@ -17,7 +17,7 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from ray_dptune import PointMass
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher

@@ -12,7 +12,7 @@ import torch
 from opacus import PrivacyEngine
 from torch import nn
 
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.training import Hyperparameters, digits_cnn, digits_data, dp_trainable, train
 from ray_dptune.training.automatic import AutomaticClipDPOptimizer, automatic_clipping
 from ray_dptune.training.clipping import AutomaticClipping, clipping_from_config

@@ -23,7 +23,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import Subset
 
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.training import TrainState, digits_cnn, digits_data, dp_trainable, train
 from ray_dptune.training.quantile import QuantileClipDPOptimizer, quantile_gradient_noise_multiplier
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from ray import cloudpickle, tune
 
 from ray_dptune import Poisson, RandomCountSearcher, TrialSpend, private_tuner, release_best
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.result_keys import SPENT_KEY
 from ray_dptune.training import opacus_plan
 

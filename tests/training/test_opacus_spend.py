@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ray_dptune import PrivacyError, RefusedBeforeTraining, TrialSpend
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.accounting.spend import report_covers
+from ray_dptune.accounting.bookkeeping.spend import report_covers
 from ray_dptune.result_keys import PLAN_KEY, SEARCH_PLAN_KEY, SPENT_KEY
 from ray_dptune.training import OpacusSpend, opacus_plan
 

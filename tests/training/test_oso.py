@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable, train
 from ray_dptune.training import oso as oso_module
 from ray_dptune.training.oso import LOG_LIMIT, OSODPOptimizer, default_noise_multiplier_q, gradient_noise_multiplier

@@ -20,7 +20,7 @@ from ray import tune
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import Subset, TensorDataset
 
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
 from ray_dptune.training import PrivacyParams, TrainState, digits_cnn, digits_data, dp_trainable, train, trial_plan
 from ray_dptune.training.partition import Partition, part_sizes, partition_indices

@@ -26,7 +26,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import Subset
 
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
 from ray_dptune.training import (
     PrivacyParams,

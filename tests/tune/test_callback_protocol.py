@@ -7,7 +7,7 @@ import pytest
 
 from ray_dptune import PrivacyAccountantCallback, PrivacyError, TrialSpend
 from ray_dptune.accounting import RDPCurve
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.records.ledger import PrivacyLedger
 from ray_dptune.search.base import PrivateSearcher
 

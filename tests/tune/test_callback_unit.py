@@ -150,8 +150,8 @@ def test_a_spend_past_the_plan_that_neither_covers_is_bounded_by_the_larger_curv
 
 def capped(k=1, room=0, searcher=None):
     """A callback whose target leaves room for exactly ``room`` runs at the plan beside the K-run search."""
-    from ray_dptune.accounting.account import SearchAccount
-    from ray_dptune.accounting.search_mechanism import SearchMechanism
+    from ray_dptune.accounting.bookkeeping.account import SearchAccount
+    from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 
     selection = SearchAccount(
         SearchMechanism.random_count(law=PointMass(k), num_trials=k), delta=1e-5, plan=PLAN.to_dict()
@@ -248,8 +248,8 @@ def test_a_refused_suggestion_is_not_counted_by_the_searcher():
 def test_the_cap_is_exact_at_its_edge(scale, admitted):
     """A retry whose charge reaches the target exactly is admitted; one that passes it by 1e-9 is refused."""
     from ray_dptune import BudgetExceededError
-    from ray_dptune.accounting.account import SearchAccount
-    from ray_dptune.accounting.search_mechanism import SearchMechanism
+    from ray_dptune.accounting.bookkeeping.account import SearchAccount
+    from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 
     account = SearchAccount(
         SearchMechanism.random_count(law=PointMass(1), num_trials=1), delta=1e-5, plan=PLAN.to_dict()

@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the drivers
 from kill_driver import DELTA, PLAN
@@ -223,7 +223,7 @@ def test_with_the_real_dp_trainable(drivers, tmp_path):
     report, starts, killed = drive(drivers, tmp_path, "digits", [["--kill", "result:1"]], k=2, extra=["--digits"])
     assert killed == 1
     report = report or journal_report(tmp_path / "digits")  # None: Ray could not restore its own state
-    from ray_dptune.accounting.spend import curve_from_report
+    from ray_dptune.accounting.bookkeeping.spend import curve_from_report
     from ray_dptune.records.journal import SearchJournal
 
     plan = SearchJournal(tmp_path / "digits" / "privacy_journal.db").account().plan
@@ -271,6 +271,6 @@ def test_replaying_a_journal_after_a_restore_charges_every_live_attempt():
 
 
 def _point_mass(k):
-    from ray_dptune.accounting.distributions import PointMass
+    from ray_dptune.accounting.bounds.distributions import PointMass
 
     return PointMass(k)

@@ -22,8 +22,8 @@ from ray_dptune import (
     private_tune_config,
     release_best,
 )
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.records.journal import SearchJournal
 from ray_dptune.search.rungs import Rungs
 

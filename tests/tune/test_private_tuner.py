@@ -20,8 +20,8 @@ from ray_dptune import (
     private_tuner,
     release_best,
 )
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable
 
 DELTA = 1e-5

@@ -181,8 +181,8 @@ def test_spending_above_the_plan_stops_the_search(tmp_path):
     with pytest.raises(Exception, match="past its plan: steps 41"):
         run(tmp_path, RandomCountSearcher(PointMass(1), metric="score", mode="max", seed=1), greedy)
     # It ran 41 steps: the journal, read back after the stop, charges them (not the plan's 40).
-    from ray_dptune.accounting.account import SearchAccount
-    from ray_dptune.accounting.search_mechanism import SearchMechanism
+    from ray_dptune.accounting.bookkeeping.account import SearchAccount
+    from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
     from ray_dptune.records.journal import JOURNAL_FILE, SearchJournal
 
     def planned(plan):

@@ -42,7 +42,7 @@ rounds (the paper's Fig. 4 measures T ≈ 3·log n); with the doubled cap the lo
 on the same s* as the uncapped algorithm in ≥ 97% of simulated runs when kε ≥ 5
 (see the function for the measurements).
 
->>> from ray_dptune.accounting.svt import SVTParams, default_max_rounds, worst_case_noiseless_rounds
+>>> from ray_dptune.accounting.bounds.svt import SVTParams, default_max_rounds, worst_case_noiseless_rounds
 >>> params = SVTParams(partitions=5, epsilon=0.2, granularity=0.01)
 >>> params.grid_size, worst_case_noiseless_rounds(params), default_max_rounds(params)
 (100, 23, 46)
@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 __all__ = [
     "NON_RANDOMIZED",

@@ -26,10 +26,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ray_dptune import validate
-from ray_dptune.accounting.distributions import distribution_from_dict
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.spend import TrialSpend, curve_from_report, parse_report, report_covers, unit_spend
+from ray_dptune.accounting.bookkeeping.spend import (
+    TrialSpend,
+    curve_from_report,
+    parse_report,
+    report_covers,
+    unit_spend,
+)
+from ray_dptune.accounting.bounds.distributions import distribution_from_dict
+from ray_dptune.accounting.bounds.selection import repeat_and_select
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 
 __all__ = ["HalvingBudget"]

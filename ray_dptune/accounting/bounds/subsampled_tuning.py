@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 __all__ = [
     "PLD_DISCRETIZATION",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 
 __all__ = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 
 __all__ = ["Guarantee", "compose_with_releases"]

@@ -3,7 +3,7 @@
 Every charged attempt adds the same plan curve to the mechanism's bound, so the
 guarantees a search can reach form a chain, selection + n·plan, and the cap admits an
 event only while the guarantee after it stays within the target
-(:meth:`~ray_dptune.accounting.account.SearchAccount.guarantee_after`). The cap is thus
+(:meth:`~ray_dptune.accounting.bookkeeping.account.SearchAccount.guarantee_after`). The cap is thus
 a number of charged attempts fixed by (target, plan, selection) before the search
 starts; padding the attempts that did not happen with null runs, the search is an
 adaptive composition of at most that many runs beside the selection (Mironov 2017,
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ray_dptune.accounting.account import CHARGING_EVENTS, SearchAccount
-from ray_dptune.accounting.guarantee import Guarantee
+from ray_dptune.accounting.bookkeeping.account import CHARGING_EVENTS, SearchAccount
+from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
 from ray_dptune.errors import BudgetExceededError, PrivacyError
 
 __all__ = ["SearchBudget"]

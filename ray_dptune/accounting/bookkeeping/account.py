@@ -19,7 +19,7 @@ died (:meth:`SearchAccount.restored`), of a trial beyond the cap — is composed
 full plan (Mironov 2017, Prop. 1: RDP composes adaptively). ``if_stopped_now=True``
 charges live attempts too: the durable worst case a ledger keeps. An attempt that reports
 spending past the plan is bounded as it ran: for every attempt, the plan gives way to a
-curve both satisfy (:func:`ray_dptune.accounting.spend.covering_curve`).
+curve both satisfy (:func:`ray_dptune.accounting.bookkeeping.spend.covering_curve`).
 
 **The stated guarantee is the procedure's.** A search may reserve ``reserved_reruns``
 attempts (re-runs after interruptions) before it starts; its guarantee is then
@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from ray_dptune import validate
-from ray_dptune.accounting.guarantee import Guarantee
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.search_mechanism import SearcherRelease, SearchMechanism
-from ray_dptune.accounting.spend import covering_curve, curve_from_report, parse_report, report_covers
+from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearcherRelease, SearchMechanism
+from ray_dptune.accounting.bookkeeping.spend import covering_curve, curve_from_report, parse_report, report_covers
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 
 __all__ = [

@@ -24,7 +24,7 @@ import numpy as np
 import scipy.linalg
 
 from ray_dptune import validate
-from ray_dptune.accounting.rounding import UNIT_ROUNDOFF, gamma, log_det_upper_bound, round_up
+from ray_dptune.accounting.bounds.rounding import UNIT_ROUNDOFF, gamma, log_det_upper_bound, round_up
 
 __all__ = [
     "KernelName",
@@ -106,7 +106,7 @@ def information_gain_upper_bound(kernel: np.ndarray, noise_variance: float) -> f
         noise_variance: σ² > 0.
 
     ½ log det(I + K_A/σ²) = ½ log det((K_A + σ²I)/σ²), and K_A + σ²I ⪰ σ²I
-    (:func:`~ray_dptune.accounting.rounding.log_det_upper_bound`); inf where rounding could reach σ².
+    (:func:`~ray_dptune.accounting.bounds.rounding.log_det_upper_bound`); inf where rounding could reach σ².
     """
     k = _symmetric_kernel(kernel)
     noise = validate.fixed_positive("noise_variance", noise_variance)

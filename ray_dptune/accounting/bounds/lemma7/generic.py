@@ -14,7 +14,7 @@ is its exact trade-off region instead, much smaller (Gaussian: q' ≥ Φ(Φ⁻¹
 The mass at K = 0, which Lemma 7's proof leaves out, is added back
 (:func:`add_no_run_atom`).
 
-The maximum is certified, not sampled, by :mod:`ray_dptune.accounting.worst_pair`
+The maximum is certified, not sampled, by :mod:`ray_dptune.accounting.bounds.lemma7.worst_pair`
 (shared with DP-HyPO's Lemma A.5): on each cell [q_i, q_{i+1}] of a grid the objective
 is at most λ log f'(q_{i+1}) + (1-λ) log f'(p_i) for any p_i below the lowest feasible
 q' at q_i, and the largest cell value, an upper envelope of lines in λ, bounds the max.
@@ -28,9 +28,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting import worst_pair
-from ray_dptune.accounting.distributions import RunCountDistribution
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution
+from ray_dptune.accounting.bounds.lemma7 import worst_pair
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 __all__ = ["add_no_run_atom", "generic_repeat_and_select"]
 
@@ -77,7 +77,7 @@ def generic_repeat_and_select(
             with q (vectorised). Default: ``base.mechanism.partner`` when the base's
             mechanism is known (exact for a Gaussian, from a PLD for DP-SGD), else the
             binary-divergence constraints of the RDP curve, solved and certified by
-            :class:`~ray_dptune.accounting.partner_search.PartnerSearch`.
+            :class:`~ray_dptune.accounting.bounds.lemma7.partner_search.PartnerSearch`.
 
     Returns:
         The curve on ``base.orders``; ``inf`` where the bound is infinite.

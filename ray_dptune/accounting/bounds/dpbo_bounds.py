@@ -13,7 +13,7 @@ constant the user states (Kusner §6 finds 0.95 most likely: ``DEFAULT_K1``). Th
 (ε, δ) is Kusner's: the sensitivity bound holds with probability ≥ 1 − δ over the
 GP draw of (f_V, f_V') and the observation noise, and the mechanism is ε-DP on that
 event. Everything here is in the GP's units (f / prior std); numpy/scipy only. The
-bound on γ_T lives in :mod:`ray_dptune.accounting.information_gain`.
+bound on γ_T lives in :mod:`ray_dptune.accounting.bounds.information_gain`.
 
 Where this module departs from the paper, it is always towards *more* noise:
 
@@ -45,7 +45,7 @@ from typing import Literal
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting.rounding import round_up
+from ray_dptune.accounting.bounds.rounding import round_up
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
 
 __all__ = [
@@ -232,7 +232,7 @@ def algorithm1_bounds(
         k1: k1(V, V') ∈ [0, 1].
         noise_variance: σ² > 0 in GP units.
         gamma_bound: an upper bound on γ_T
-            (:func:`~ray_dptune.accounting.information_gain.max_information_gain_bound`).
+            (:func:`~ray_dptune.accounting.bounds.information_gain.max_information_gain_bound`).
         release: "config" (λ̃ only: β_t on δ), "score" or "both" (β_t on δ/2).
     """
     n, t = validate.count("n_candidates", n_candidates), validate.count("num_trials", num_trials)

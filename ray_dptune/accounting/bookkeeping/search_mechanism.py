@@ -6,7 +6,7 @@ Each kind is a subclass of :class:`SearchMechanism` (build them with its class m
 written to the journal and the report; :meth:`SearchMechanism.from_dict` is the one place a
 kind's name is read) and turns a per-attempt plan curve into the curve of the attempts its
 bound covers (:meth:`SearchMechanism.selection_curve`).
-:class:`ray_dptune.accounting.account.SearchAccount` composes everything else.
+:class:`ray_dptune.accounting.bookkeeping.account.SearchAccount` composes everything else.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ray_dptune import validate
-from ray_dptune.accounting.distributions import RunCountDistribution, distribution_from_dict
-from ray_dptune.accounting.guarantee import Guarantee
-from ray_dptune.accounting.halving_budget import HalvingBudget
-from ray_dptune.accounting.rdp import RDPCurve
-from ray_dptune.accounting.selection import repeat_and_select
-from ray_dptune.accounting.svt import svt_curve
+from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
+from ray_dptune.accounting.bookkeeping.halving_budget import HalvingBudget
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution, distribution_from_dict
+from ray_dptune.accounting.bounds.selection import repeat_and_select
+from ray_dptune.accounting.bounds.svt import svt_curve
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 
 __all__ = [
@@ -92,7 +92,7 @@ class SearchMechanism:
 
         One bracket (``law`` None): the search costs ``budget_units`` units composed; K =
         ``num_brackets`` ~ ``law`` independent brackets, the best winner released: P&S Thms
-        2/6 over that run (:mod:`~ray_dptune.accounting.halving_budget`).
+        2/6 over that run (:mod:`~ray_dptune.accounting.bookkeeping.halving_budget`).
         """
         budget_units = validate.integer("budget_units", budget_units, minimum=1)
         max_t = validate.integer("max_t", max_t, minimum=1)

@@ -17,7 +17,7 @@ import numpy as np
 from scipy import special
 
 from ray_dptune import validate
-from ray_dptune.accounting import adaptive_orders, pld_reading
+from ray_dptune.accounting.curves import adaptive_orders, pld_reading
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def subsampled_gaussian_rdp(
     not converge reliably far above ``SUBSAMPLED_GAUSSIAN_MAX_ORDER``; higher orders
     get ``inf`` ("no bound"), which is always valid and never the optimum for DP-SGD
     at practical δ. ``adaptive``: compute only the orders that can move a result and
-    bound the others by convexity (:mod:`ray_dptune.accounting.adaptive_orders`);
+    bound the others by convexity (:mod:`ray_dptune.accounting.curves.adaptive_orders`);
     else every order up to the maximum is computed.
     """
     sample_rate, noise_multiplier, steps = _check_dpsgd(sample_rate, noise_multiplier, steps)

@@ -32,14 +32,14 @@ once:
   a(α) of (L.A.5) itself is not (P+, P'- are not probability laws).
 
 The maximum of (L.A.5) over that set is certified, not sampled, by
-:func:`ray_dptune.accounting.worst_pair.worst_log_pgf_ratio` (shared with the
+:func:`ray_dptune.accounting.bounds.lemma7.worst_pair.worst_log_pgf_ratio` (shared with the
 generic P&S Lemma 7), with every finite order of a as a constraint. Each
 closed-form relaxation of Theorem 1 is an upper bound on this maximum over a
 larger set (one α̂, one direction, q ≤ 1); the certified maximum adds a small grid
 margin, so callers take the pointwise minimum with the closed form
-(:func:`ray_dptune.accounting.selection.repeat_and_select`). Lemma A.5 holds for
+(:func:`ray_dptune.accounting.bounds.selection.repeat_and_select`). Lemma A.5 holds for
 any law of T on N≥0, so this function accepts any law; the mass at T = 0 is added
-back as in the non-adaptive case (:func:`ray_dptune.accounting.generic.add_no_run_atom`).
+back as in the non-adaptive case (:func:`ray_dptune.accounting.bounds.lemma7.generic.add_no_run_atom`).
 
 Two steps of the paper's proof treat P+ and P'- (suprema and infima over the
 densities, with masses up to C and down to c) as if they were probability laws:
@@ -56,10 +56,10 @@ import math
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting import worst_pair
-from ray_dptune.accounting.distributions import RunCountDistribution
-from ray_dptune.accounting.generic import add_no_run_atom
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution
+from ray_dptune.accounting.bounds.lemma7 import worst_pair
+from ray_dptune.accounting.bounds.lemma7.generic import add_no_run_atom
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 __all__ = ["DEFAULT_GRID_SIZE", "dphypo_lemma_bound", "lemma_a4_curve"]
 

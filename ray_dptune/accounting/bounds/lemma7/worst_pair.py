@@ -1,13 +1,13 @@
 """The worst pair (q, q'): max of λ·log f'(q) + (1-λ)·log f'(q') over the pairs an RDP curve allows.
 
-P&S Lemma 7 (:mod:`~ray_dptune.accounting.generic`) and DP-HyPO Lemma A.5
-(:mod:`~ray_dptune.accounting.dphypo_bound`) both end on this maximum, where (q, q') are the
+P&S Lemma 7 (:mod:`~ray_dptune.accounting.bounds.lemma7.generic`) and DP-HyPO Lemma A.5
+(:mod:`~ray_dptune.accounting.bounds.dphypo_bound`) both end on this maximum, where (q, q') are the
 probabilities that one [0, 1]-valued post-processing gives under two neighbouring inputs.
 It is bounded from above (certified), not sampled:
 
 * f' is non-decreasing on [0, 1] (a PGF has non-negative coefficients), so for each q the
   worst q' is the lowest allowed one, b(q), which is non-decreasing in q
-  (:mod:`~ray_dptune.accounting.partner_search` bounds it from below, certified).
+  (:mod:`~ray_dptune.accounting.bounds.lemma7.partner_search` bounds it from below, certified).
 * On a cell [q_i, q_{i+1}] of a grid holding 0 and 1 the objective is at most
   λ·log f'(q_{i+1}) + (1-λ)·log f'(p_i) for any p_i ≤ b(q_i) and λ > 1: a line in λ - 1.
   The largest cell value bounds the maximum; the upper envelope of the lines gives it at
@@ -27,10 +27,10 @@ import json
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting import partner_search
-from ray_dptune.accounting.distributions import RunCountDistribution
-from ray_dptune.accounting.partner_search import MAX_CONSTRAINT_ORDERS, PartnerSearch, constraint_orders
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution
+from ray_dptune.accounting.bounds.lemma7 import partner_search
+from ray_dptune.accounting.bounds.lemma7.partner_search import MAX_CONSTRAINT_ORDERS, PartnerSearch, constraint_orders
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 __all__ = ["MAX_GRID_SIZE", "q_grid", "upper_envelope", "worst_cells", "worst_log_pgf_ratio"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting import mechanisms
+from ray_dptune.accounting.curves import profiles
 
 __all__ = ["DEFAULT_ORDERS", "RDPCurve"]
 
@@ -56,7 +56,7 @@ class RDPCurve:
 
     orders: np.ndarray
     epsilons: np.ndarray
-    mechanism: mechanisms.KnownMechanism | None = field(default=None, kw_only=True)
+    mechanism: profiles.KnownMechanism | None = field(default=None, kw_only=True)
     """What the curve's mechanism is when more than its RDP is known (a Gaussian, DP-SGD),
     or None. Set only by the constructors below; bounds read the mechanism's exact (ε, δ)
     profile from it (P&S Lemma 7 and Theorem 6). Not compared, not serialised."""
@@ -77,7 +77,7 @@ class RDPCurve:
             raise ValueError("RDP epsilons must be >= 0 and not NaN (use inf where no bound holds).")
         object.__setattr__(self, "orders", _readonly(orders))
         object.__setattr__(self, "epsilons", _readonly(epsilons))
-        if self.mechanism is not None and not isinstance(self.mechanism, mechanisms.KnownMechanism):
+        if self.mechanism is not None and not isinstance(self.mechanism, profiles.KnownMechanism):
             raise TypeError(f"mechanism must be a KnownMechanism or None, got {type(self.mechanism).__name__}.")
 
     # ------------------------------------------------------------------ constructors
@@ -87,21 +87,21 @@ class RDPCurve:
         orders = _orders_or_default(orders)
         return cls(
             orders,
-            mechanisms.gaussian_rdp(noise_multiplier=noise_multiplier, orders=orders),
-            mechanism=mechanisms.KnownMechanism(noise_multiplier=noise_multiplier),
+            profiles.gaussian_rdp(noise_multiplier=noise_multiplier, orders=orders),
+            mechanism=profiles.KnownMechanism(noise_multiplier=noise_multiplier),
         )
 
     @classmethod
     def zcdp(cls, *, rho: float, orders: np.ndarray | None = None) -> RDPCurve:
         """ρ-zCDP: ε(α) = ρα."""
         orders = _orders_or_default(orders)
-        return cls(orders, mechanisms.zcdp_rdp(rho=rho, orders=orders))
+        return cls(orders, profiles.zcdp_rdp(rho=rho, orders=orders))
 
     @classmethod
     def pure(cls, *, epsilon: float, orders: np.ndarray | None = None) -> RDPCurve:
         """ε-DP: ε(α) = min(ε, αε²/2)."""
         orders = _orders_or_default(orders)
-        return cls(orders, mechanisms.pure_dp_rdp(epsilon=epsilon, orders=orders))
+        return cls(orders, profiles.pure_dp_rdp(epsilon=epsilon, orders=orders))
 
     @classmethod
     def subsampled_gaussian(
@@ -110,21 +110,21 @@ class RDPCurve:
         """DP-SGD: ``steps`` Poisson-subsampled Gaussian steps (via dp_accounting).
 
         On the default orders, only the orders that can move a result are computed and
-        the rest are bounded by convexity (:mod:`ray_dptune.accounting.adaptive_orders`);
+        the rest are bounded by convexity (:mod:`ray_dptune.accounting.curves.adaptive_orders`);
         given ``orders`` are each computed.
         """
         adaptive = orders is None
         orders = _orders_or_default(orders)
         return cls(
             orders,
-            mechanisms.subsampled_gaussian_rdp(
+            profiles.subsampled_gaussian_rdp(
                 sample_rate=sample_rate,
                 noise_multiplier=noise_multiplier,
                 steps=steps,
                 orders=orders,
                 adaptive=adaptive,
             ),
-            mechanism=mechanisms.KnownMechanism(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
+            mechanism=profiles.KnownMechanism(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
             if steps >= 1
             else None,
         )

@@ -7,7 +7,7 @@ Bounds, each cited at its formula:
   with an adaptive sampling density in [c, C] × prior, DP-HyPO (Wang et al. 2023,
   arXiv:2306.05734v2) Theorem 1, likewise from the last equality of its proof (App. A);
 * Poisson K: P&S Theorem 6, corrected for the mass at K = 0 (:func:`poisson_bound`);
-* any law: P&S Lemma 7, maximised numerically (:mod:`ray_dptune.accounting.generic`);
+* any law: P&S Lemma 7, maximised numerically (:mod:`ray_dptune.accounting.bounds.lemma7.generic`);
 * a fixed number k of runs: k-fold composition.
 
 All are valid, so :func:`repeat_and_select` returns their pointwise minimum, then
@@ -22,10 +22,15 @@ from collections.abc import Callable
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting.distributions import PointMass, Poisson, RunCountDistribution, TruncatedNegativeBinomial
-from ray_dptune.accounting.dphypo_bound import dphypo_lemma_bound
-from ray_dptune.accounting.generic import add_no_run_atom, generic_repeat_and_select
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.bounds.distributions import (
+    PointMass,
+    Poisson,
+    RunCountDistribution,
+    TruncatedNegativeBinomial,
+)
+from ray_dptune.accounting.bounds.dphypo_bound import dphypo_lemma_bound
+from ray_dptune.accounting.bounds.lemma7.generic import add_no_run_atom, generic_repeat_and_select
+from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import UnsupportedBoundError
 
 __all__ = [
@@ -128,16 +133,16 @@ def repeat_and_select(
         density_ratio: C/c for adaptive sampling whose density stays within
             [c, C] × prior (DP-HyPO); 1 for non-adaptive (uniform) search.
         upper: C itself, when the sampler guarantees it (1 <= C <= C/c): tightens
-            DP-HyPO's Lemma A.4 (:func:`~ray_dptune.accounting.dphypo_bound.dphypo_lemma_bound`).
+            DP-HyPO's Lemma A.4 (:func:`~ray_dptune.accounting.bounds.dphypo_bound.dphypo_lemma_bound`).
             None: the worst case C = C/c.
         base_delta: the base's exact (ε, δ) profile, vectorised (e.g.
-            :func:`ray_dptune.accounting.mechanisms.gaussian_profile`); tightens
+            :func:`ray_dptune.accounting.curves.profiles.gaussian_profile`); tightens
             the Poisson bound (P&S Theorem 6). Default: the profile of
             ``base.mechanism`` when known (exact for a Gaussian, dp_accounting's
             pessimistic PLD for DP-SGD), else the RDP curve's conversion.
         generic: also evaluate P&S Lemma 7 at its certified numerical worst case
             and keep the pointwise minimum (the default: both are valid bounds, so
-            the minimum is the tightest; see :mod:`ray_dptune.accounting.generic`).
+            the minimum is the tightest; see :mod:`ray_dptune.accounting.bounds.lemma7.generic`).
             False keeps the closed forms alone (the cross-check).
 
     Returns:

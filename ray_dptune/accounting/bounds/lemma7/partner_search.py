@@ -7,7 +7,7 @@ both directions as neighbouring is symmetric)
     D_α(Bern(q)‖Bern(q')) ≤ ε(α)   and   D_α(Bern(q')‖Bern(q)) ≤ ε(α).
 
 For a grid of q this module bounds b(q) = min{q' ≤ q allowed} from below, which P&S
-Lemma 7 and DP-HyPO Lemma A.5 need (:mod:`ray_dptune.accounting.worst_pair`).
+Lemma 7 and DP-HyPO Lemma A.5 need (:mod:`ray_dptune.accounting.bounds.lemma7.worst_pair`).
 
 Why a point is certified. Rényi divergence is jointly quasi-convex for α ∈ [0, ∞] (van
 Erven & Harremoës 2014, "Rényi divergence and Kullback-Leibler divergence", IEEE Trans.
@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.accounting.rdp import RDPCurve
+from ray_dptune.accounting.curves.rdp import RDPCurve
 
 __all__ = ["MAX_CONSTRAINT_ORDERS", "PartnerSearch", "constraint_orders", "lowest_partner"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ray_dptune import validate
-from ray_dptune.accounting.account import SearchAccount
-from ray_dptune.accounting.distributions import RunCountDistribution
-from ray_dptune.accounting.search_mechanism import SearchMechanism
-from ray_dptune.accounting.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.account import SearchAccount
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 
 __all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "search_epsilon"]
@@ -31,7 +31,7 @@ def search_epsilon(
 
     The search is ``law`` (a random-count search, DP-HyPO with ``density_ratio`` = C/c) or
     any searcher's ``mechanism``; ``retries`` more attempts are composed at the plan. This is
-    :class:`~ray_dptune.accounting.account.SearchAccount`'s guarantee with no attempt charged
+    :class:`~ray_dptune.accounting.bookkeeping.account.SearchAccount`'s guarantee with no attempt charged
     yet, the one place a plan's search ε is computed (calibration, ``private_tuner``, the CLI).
     """
     if (law is None) == (mechanism is None):
@@ -64,7 +64,7 @@ def calibrate_noise_multiplier(
     ``lambda s: TrialSpend(sample_rate=q, noise_multiplier=s, steps=T)``, a custom one.
     The search is ``law`` (a random-count search, DP-HyPO with ``density_ratio`` = C/c)
     or any searcher's ``mechanism`` (``searcher.privacy_mechanism()``); its ε is what
-    :class:`~ray_dptune.accounting.account.SearchAccount` gives with that plan, no
+    :class:`~ray_dptune.accounting.bookkeeping.account.SearchAccount` gives with that plan, no
     attempt charged. ε is non-increasing in σ, so σ is bracketed geometrically and
     bisected; the upper end of the bracket is returned, so the search never exceeds
     the target (as Opacus's ``get_noise_multiplier`` does for one run).

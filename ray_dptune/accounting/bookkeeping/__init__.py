@@ -1,0 +1,1 @@
+"""A search's account: its mechanism, plans and spends, attempts, guarantee, budget and calibration."""

@@ -1,0 +1,1 @@
+"""RDP curves and the exact profiles of base mechanisms (Gaussian, DP-SGD)."""
