@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol, cast, get_args, runtime_checkable
 from opacus.optimizers import DPOptimizer
 
 from ray_dptune.training.automatic import AUTOMATIC_DEFAULT_STABILITY, automatic_clipping
-from ray_dptune.training.noise import with_in_place_noise
+from ray_dptune.training.noise import rebuilt, with_in_place_noise
 from ray_dptune.training.oso import (
     OSO_DEFAULT_RATE,
     OSODPOptimizer,
@@ -104,17 +104,13 @@ class QuantileClipping:
     mode: ClippingMode = "quantile"
 
     def wrap(self, dp_optimizer: DPOptimizer) -> DPOptimizer:
-        """The same SGD, noise and generator, clipped adaptively from C_0 = ``max_grad_norm``."""
-        return QuantileClipDPOptimizer(
-            dp_optimizer.original_optimizer,
-            noise_multiplier=dp_optimizer.noise_multiplier,
-            max_grad_norm=dp_optimizer.max_grad_norm,
+        """The same SGD, noise, reduction, generator and step hook, clipped adaptively from C_0 = ``max_grad_norm``."""
+        return rebuilt(
+            dp_optimizer,
+            QuantileClipDPOptimizer,
             target_unclipped_quantile=self.target_quantile,
             clipbound_learning_rate=self.clipbound_lr,
             unclipped_num_std=self.unclipped_num_std,
-            expected_batch_size=dp_optimizer.expected_batch_size,
-            generator=dp_optimizer.generator,
-            secure_mode=dp_optimizer.secure_mode,
         )
 
 
@@ -128,17 +124,13 @@ class OSOClipping:
     mode: ClippingMode = "oso"
 
     def wrap(self, dp_optimizer: DPOptimizer) -> DPOptimizer:
-        """The same SGD (ρ_0 = ``lr``), noise and generator, from C_0 = ``max_grad_norm``."""
-        return OSODPOptimizer(
-            dp_optimizer.original_optimizer,
-            noise_multiplier=dp_optimizer.noise_multiplier,
+        """The same SGD (ρ_0 = ``lr``), noise, reduction, generator and step hook, from C_0 = ``max_grad_norm``."""
+        return rebuilt(
+            dp_optimizer,
+            OSODPOptimizer,
             noise_multiplier_q=self.noise_multiplier_q,
-            max_grad_norm=dp_optimizer.max_grad_norm,
             clip_rate=self.rho_c,
             lr_rate=self.rho_r,
-            expected_batch_size=dp_optimizer.expected_batch_size,
-            generator=dp_optimizer.generator,
-            secure_mode=dp_optimizer.secure_mode,
         )
 
 

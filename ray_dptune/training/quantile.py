@@ -85,6 +85,7 @@ class QuantileClipDPOptimizer(AdaClipDPOptimizer):  # type: ignore[misc]  # Opac
         clipbound_learning_rate: float = QUANTILE_DEFAULT_CLIPBOUND_LR,
         unclipped_num_std: float,
         expected_batch_size: int,
+        loss_reduction: str = "mean",
         generator: torch.Generator | None = None,
         secure_mode: bool = False,
     ) -> None:
@@ -104,6 +105,7 @@ class QuantileClipDPOptimizer(AdaClipDPOptimizer):  # type: ignore[misc]  # Opac
             unclipped_num_std=unclipped_num_std,
             max_grad_norm=min(max(max_grad_norm, math.exp(-LOG_LIMIT)), math.exp(LOG_LIMIT)),
             expected_batch_size=expected_batch_size,
+            loss_reduction=loss_reduction,
             generator=generator,
             secure_mode=secure_mode,
         )
