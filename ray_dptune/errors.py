@@ -31,5 +31,7 @@ class RefusedBeforeTraining(PrivacyError):
 
     Raised in the trial (e.g. by :class:`~ray_dptune.training.OpacusSpend` when the loader's
     sampling rate, the steps or σ do not fit the search's plan). The accountant then stops the
-    search; when no other attempt started, the search touched no data and its account is ε = 0.
+    search; when every attempt of the search was refused so, it touched no data and its account is ε = 0.
+    Raising it is a claim the account trusts, like the claim that a trainable touches the data only
+    through its DP optimizer: raise it only before anything has read the private data.
     """

@@ -49,9 +49,12 @@ def _exhaustive(config) -> bool:
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray started once (~5 s here) and shut down after the last test."""
-    # Ray workers import trainables defined in test modules by name.
+    # Ray workers import trainables defined in test modules by name: every folder of tests/ is on their path.
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
+    folders = [tests_dir] + sorted(
+        entry.path for entry in os.scandir(tests_dir) if entry.is_dir() and entry.name.isidentifier()
+    )
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*folders, os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     import ray

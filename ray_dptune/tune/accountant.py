@@ -173,6 +173,7 @@ class PrivacyAccountantCallback(Callback):
         self._restored = False
         self._violation: PrivacyError | None = None
         self._configs: dict[str, Any] = {}
+        self._attempt_starts: dict[str, float] = {}  # trial -> when this driver last started it
         self._trial_plans: dict[str, dict[str, Any]] = {}
         self._last_logged: str | None = None
         self._started_at: float | None = None
@@ -280,6 +281,7 @@ class PrivacyAccountantCallback(Callback):
         self._refuse_rerun_of_a_failed_run(trial.trial_id)
         self._refuse_unsuggested_trial(trial.trial_id)
         self._configs[trial.trial_id] = _jsonable(trial.config)
+        self._attempt_starts[trial.trial_id] = time.time()  # a refusal's error file is written after it
         accounted = bool(self._searcher.accounts_trial(trial.config))
         # Refused (BudgetExceededError) before it is journaled: Tune then ends the search before this attempt
         # is handed to its worker (a retry that does not fit is refused earlier, in on_trial_recover).
@@ -369,7 +371,7 @@ class PrivacyAccountantCallback(Callback):
         An attempt refused before its first training step holds the searcher: the running trials end,
         then the search stops.
         """
-        refusal = refusal_before_training(trial)
+        refusal = refusal_before_training(trial, since=self._attempt_starts.get(trial.trial_id))
         if refusal is None:
             self._record({"type": "failed", "trial_id": trial.trial_id})
             return

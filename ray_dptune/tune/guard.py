@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 from typing import TYPE_CHECKING, Any
 
@@ -244,16 +245,20 @@ def end_trial_in_error(trial: Any, error: Exception) -> None:
             cloudpickle.dump(error, file)  # type: ignore[no-untyped-call]  # Ray's vendored cloudpickle is unannotated
 
 
-def refusal_before_training(trial: Any) -> str | None:
+def refusal_before_training(trial: Any, *, since: float | None) -> str | None:
     """The message of the :class:`~ray_dptune.errors.RefusedBeforeTraining` the trial raised, else None.
 
     Read from the error Tune has just pickled beside the driver (``Trial.handle_error`` writes it
     there before the callbacks run; the storage copy is synced later): a ``RayTaskError`` whose
-    ``cause`` is the trainable's exception. An error that cannot be read is not a refusal.
+    ``cause`` is the trainable's exception. An error that cannot be read, or a file older than
+    ``since`` (the attempt's start on this driver's clock; None: not seen starting), is not a refusal:
+    Ray rewrites the file only for a worker's errors, so an older one may be an earlier attempt's.
     """
     from ray import cloudpickle
 
     try:
+        if since is None or os.path.getmtime(trial.pickled_error_file) < since:
+            return None
         with open(trial.pickled_error_file, "rb") as file:
             error = cloudpickle.load(file)
     except (OSError, TypeError, EOFError, AttributeError, ImportError, pickle.UnpicklingError):  # an ordinary failure

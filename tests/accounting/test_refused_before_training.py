@@ -38,14 +38,8 @@ def refused(trial_id: str) -> list[dict]:
 ENDED = {"type": "ended", "complete": False, "reason": "refused"}
 
 
-def test_an_ended_search_whose_every_started_attempt_was_refused_untrained_spent_nothing():
-    stopped = account(
-        *refused("a"),
-        *refused("b"),
-        {"type": "suggested", "trial_id": "c", "accounted": True},  # suggested, never started
-        {"type": "interrupted", "trial_id": "c"},
-        ENDED,
-    )
+def test_an_ended_search_whose_every_attempt_was_refused_untrained_spent_nothing():
+    stopped = account(*refused("a"), *refused("b"), ENDED)
     assert stopped.refused_before_training()
     for guarantee in (stopped.guarantee(), stopped.guarantee(if_stopped_now=True), stopped.spent()):
         assert guarantee.epsilon == 0.0 and guarantee.curve is not None and not guarantee.curve.epsilons.any()
@@ -72,6 +66,24 @@ def test_an_ended_search_whose_every_started_attempt_was_refused_untrained_spent
         pytest.param([*started("a"), {"type": "failed", "trial_id": "a"}, ENDED], id="an-ordinary-failure"),
         pytest.param([ENDED], id="no-trial-at-all"),
         pytest.param([*refused("a"), ENDED, {"type": "restored"}, *started("b")], id="restored-and-running"),
+        pytest.param(  # Ray may have built its actor (a class trainable's setup) before the start was heard
+            [
+                *refused("a"),
+                {"type": "suggested", "trial_id": "b", "accounted": True},
+                {"type": "interrupted", "trial_id": "b"},
+                ENDED,
+            ],
+            id="another-only-suggested",
+        ),
+        pytest.param(
+            [
+                {"type": "suggested", "trial_id": "b", "accounted": True},
+                *refused("a"),
+                {"type": "failed", "trial_id": "b"},
+                ENDED,
+            ],
+            id="another-failed-before-its-start-was-heard",
+        ),
     ],
 )
 def test_the_search_is_charged_in_full_whenever_an_attempt_may_have_touched_the_data(events):

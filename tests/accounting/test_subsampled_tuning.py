@@ -185,3 +185,13 @@ def test_tuning_on_a_tenth_leaves_the_final_run_nearly_the_whole_budget():
     whole = subsampled_search_epsilon(tuning_curve=tuning, sample_rate=0.1, final_plan=final, delta=1e-5)
     alone = final.curve().mechanism.epsilon(delta=1e-5)
     assert alone < whole <= 3.0 and whole - alone < 0.25
+
+
+def test_a_point_past_what_a_double_holds_is_skipped_and_the_others_still_bound():
+    from dp_accounting.pld.common import DifferentialPrivacyParameters
+    from dp_accounting.pld.privacy_loss_distribution import from_privacy_parameters
+
+    final = from_privacy_parameters(DifferentialPrivacyParameters(0.5, 0.0), PLD_DISCRETIZATION)
+    with_huge = subsampled_tuning_epsilon([(720.0, 1e-14), (1.0, 1e-9)], sample_rate=1.0, final_run=final, delta=1e-5)
+    alone = subsampled_tuning_epsilon([(1.0, 1e-9)], sample_rate=1.0, final_run=final, delta=1e-5)
+    assert with_huge == alone and 1.49 < alone <= 1.5  # two pure pairs, ε 1 and 0.5, at δ = 1e-5

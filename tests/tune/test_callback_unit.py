@@ -286,3 +286,22 @@ def test_report_times_are_iso_utc_and_a_previous_schema_s_unix_seconds_read_as_s
     older = {**report.to_dict(), "schema_version": 3, "started_at": 0.0, "ended_at": 86400.5}
     read = PrivacyReport.from_dict(older)
     assert (read.started_at, read.ended_at) == ("1970-01-01T00:00:00+00:00", "1970-01-02T00:00:00+00:00")
+
+
+def test_a_refusal_counts_only_when_its_error_file_is_this_attempt_s(tmp_path):
+    import os
+
+    from ray import cloudpickle
+
+    from ray_dptune.errors import RefusedBeforeTraining
+    from ray_dptune.tune.guard import refusal_before_training
+
+    error_file = tmp_path / "error.pkl"
+    error_file.write_bytes(cloudpickle.dumps(RefusedBeforeTraining("sample_rate past the plan")))
+    written = os.path.getmtime(error_file)
+    trial = SimpleNamespace(pickled_error_file=str(error_file))
+    assert refusal_before_training(trial, since=written - 1.0) == "sample_rate past the plan"
+    assert refusal_before_training(trial, since=written + 1.0) is None  # an earlier attempt's file
+    assert refusal_before_training(trial, since=None) is None  # an attempt this driver did not see start
+    error_file.write_bytes(cloudpickle.dumps(RuntimeError("a crash")))
+    assert refusal_before_training(trial, since=written - 1.0) is None

@@ -201,7 +201,6 @@ class SearchAccount:
             self._new_attempt(trial_id, bool(event["accounted"]), "started", units)
         elif trial.last == "suggested":
             self._set_state(trial_id, "started")
-            trial.attempts[-1]["started"] = True
         else:
             if trial.last in LIVE_STATES:  # restarted without an error event: interrupted
                 self._set_state(trial_id, "unknown")
@@ -317,8 +316,10 @@ class SearchAccount:
     def refused_before_training(self) -> bool:
         """True when the search ended without touching the data.
 
-        A trial was refused before its first training step (:class:`~ray_dptune.errors.RefusedBeforeTraining`)
-        and no other attempt ever started.
+        Every accounted attempt of the search, whatever its state, ended refused before its first
+        training step (:class:`~ray_dptune.errors.RefusedBeforeTraining`, with no report). An
+        attempt merely suggested counts as one that may have run: Ray builds a trial's actor (and a
+        class trainable's ``setup``) before the accountant hears of its start.
 
         Its whole output is then a function of public inputs (the code, the configurations the
         searcher drew before any result, the training set's size every plan already assumes), so
@@ -327,8 +328,7 @@ class SearchAccount:
         if self.ended is None or self.selections or self.releases or self.mechanism.releases_itself:
             return False
         attempts = [attempt for trial in self.trials.values() if trial.accounted for attempt in trial.attempts]
-        started = [attempt for attempt in attempts if attempt.get("started")]
-        return bool(started) and all(attempt.get("untrained") for attempt in started)
+        return bool(attempts) and all(attempt.get("untrained") for attempt in attempts)
 
     def running(self) -> int:
         """Accounted attempts started and not yet ended (what a stopping search waits for)."""
@@ -500,8 +500,6 @@ class SearchAccount:
         trial = self.trials.setdefault(trial_id, _Trial(accounted))
         self._count(trial, -1)
         trial.attempts.append({"state": state, "spent": None, "units": units})
-        if state == "started":
-            trial.attempts[-1]["started"] = True  # it may touch the data from now on
         if units:
             assert self._budget is not None  # units are charged only in a halving search (_units_added)
             self._budget.add(trial_id, units, bracket=bracket)

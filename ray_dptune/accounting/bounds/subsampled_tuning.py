@@ -19,8 +19,12 @@ follows from three results:
 3. Each point of the amplified profile gives a valid bound; the least of them is one
    (:func:`subsampled_tuning_epsilon`).
 
-The sample's rate is ``p``, set before the search from a public size; the realised sample
-never enters the bound. No Ray, no torch.
+What the procedure must be for the bound to hold (no searcher runs it yet): the sample is true
+Poisson sampling of rate ``p`` with secret randomness; the tuning's plan (q, steps, the law of K)
+is fixed before it from public sizes, never from the realised sample; the tuning's curve is its
+account's whole curve (retries and interrupted attempts included); any private validation data it
+scores on lies inside the sample; the final run is one run, with (σ, q, steps) fixed in advance,
+and uses the sample only through the tuning's output. No Ray, no torch.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ def subsampled_tuning_epsilon(
         epsilon_amplified, delta_amplified = amplified(
             epsilon=epsilon_tuning, delta=delta_tuning, sample_rate=sample_rate
         )
-        if delta_amplified >= delta or math.isinf(epsilon_amplified):
+        if delta_amplified >= delta or epsilon_amplified > 700.0:  # no room for δ, or e^ε' past a double
             continue
         pair = privacy_loss_distribution.from_privacy_parameters(
             DifferentialPrivacyParameters(epsilon_amplified, delta_amplified),
