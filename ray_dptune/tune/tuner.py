@@ -225,11 +225,7 @@ def _reserved_retries(retries: int | None, max_failures: int, mechanism: Any) ->
     0 for a halving search, which pays every attempt from its budget of time units.
     """
     if mechanism.pays_by_units:
-        if retries:
-            raise ValueError(
-                "A private halving search pays every attempt from its budget of time units: retries= "
-                "does not apply; raise budget_trials instead."
-            )
+        mechanism.check_reserved_reruns(retries or 0)
         return 0
     if retries is not None:
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:

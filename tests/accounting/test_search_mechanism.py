@@ -74,3 +74,13 @@ def test_retries_each_kind_states_before_the_search():
         "halving0": (True, 0, 0),
     }
     assert all(m.retry_reserve(0) == 0 for m in every_kind())
+
+
+def test_only_a_halving_search_refuses_reserved_re_runs():
+    for mechanism in every_kind():
+        mechanism.check_reserved_reruns(0)
+        if mechanism.pays_by_units:
+            with pytest.raises(ValueError, match="raise budget_trials instead"):
+                mechanism.check_reserved_reruns(1)
+        else:
+            mechanism.check_reserved_reruns(2)

@@ -138,8 +138,7 @@ class SearchAccount:
                 f"The searcher releases at δ = {mechanism.delta:g}, above this search's δ = {float(delta):g}: "
                 "lower the searcher's δ or raise the search's."
             )
-        if reserved_reruns and mechanism.pays_by_units:
-            raise ValueError("A halving search pays for every attempt from its budget of time units, not by attempts.")
+        mechanism.check_reserved_reruns(reserved_reruns)
         self.mechanism = mechanism
         self.delta = float(delta)
         self.reserved_reruns = validate.integer("reserved_reruns", reserved_reruns, minimum=0)

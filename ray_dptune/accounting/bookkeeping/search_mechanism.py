@@ -141,6 +141,9 @@ class SearchMechanism:
             return 0
         return None if max_failures < 0 else max_failures * self.cover_cap
 
+    def check_reserved_reruns(self, count: int) -> None:
+        """Raises ValueError when ``count`` re-runs cannot be reserved by attempt (nothing here: they can)."""
+
     def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
         """The curve of the covered attempts when each satisfies ``plan``.
 
@@ -342,6 +345,14 @@ class HalvingMechanism(SearchMechanism):
     def retry_reserve(self, max_failures: int) -> int | None:
         """0: retries are paid in units, not reserved."""
         return 0  # every attempt is paid from the budget of units
+
+    def check_reserved_reruns(self, count: int) -> None:
+        """Raises ValueError for any re-run reserved: every attempt is paid from the budget of time units."""
+        if count:
+            raise ValueError(
+                "A private halving search pays every attempt from its budget of time units: re-runs are not "
+                "reserved by attempt (retries= does not apply); raise budget_trials instead."
+            )
 
     def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
         """Raises ValueError: the account reads a halving search's curve from its budget of units."""
