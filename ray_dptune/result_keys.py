@@ -5,13 +5,26 @@ A trial's ``tune.report`` carries :data:`PLAN_KEY` and :data:`SPENT_KEY`; the ac
 from its config, a trainable of the user's own :data:`SEARCH_PLAN_KEY`. No Ray, no torch.
 """
 
-__all__ = ["AUDIT_KEY", "EPSILON_KEY", "PARTITION_KEY", "PLAN_KEY", "PRIVATE_KEY", "SEARCH_PLAN_KEY", "SPENT_KEY"]
+__all__ = [
+    "AUDIT_KEY",
+    "EPSILON_KEY",
+    "NOISE_KEY",
+    "PARTITION_KEY",
+    "PLAN_KEY",
+    "PRIVATE_KEY",
+    "SEARCH_PLAN_KEY",
+    "SPENT_KEY",
+]
 
 PLAN_KEY = "dp_plan"
 """The most the trial will spend (a :class:`~ray_dptune.accounting.bookkeeping.spend.TrialSpend` dict), fixed before training."""
 
 SPENT_KEY = "dp_spent"
 """What the trial has spent so far; this report's score included."""
+
+NOISE_KEY = "noise_multiplier"
+"""Config key of DP-SGD's σ: :func:`~ray_dptune.private_tuner` sets it, every trainable reads it (a
+:class:`~ray_dptune.training.plan.PrivacyParams` field of the same name)."""
 
 SEARCH_PLAN_KEY = "dp_search_plan"
 """Config key :func:`~ray_dptune.private_tuner` sets for a trainable of its own: the plan every trial must fit (a

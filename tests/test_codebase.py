@@ -223,3 +223,10 @@ def test_every_cross_reference_in_a_docstring_resolves():
     references = {match for path in MODULES for match in REFERENCE.findall(path.read_text(encoding="utf-8"))}
     assert len(references) > 50  # the scan sees them
     assert sorted(reference for reference in references if not _resolves(reference)) == []
+
+
+def test_the_noise_key_is_the_privacy_parameter_of_the_same_name():
+    from ray_dptune.result_keys import NOISE_KEY
+    from ray_dptune.training.plan import PRIVACY_KEYS
+
+    assert NOISE_KEY in PRIVACY_KEYS

@@ -14,7 +14,7 @@ from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multipli
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
-from ray_dptune.result_keys import SEARCH_PLAN_KEY
+from ray_dptune.result_keys import NOISE_KEY, SEARCH_PLAN_KEY
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.random_count import RandomCountSearcher
 from ray_dptune.tune.accountant import PrivacyAccountantCallback
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["private_tuner"]
 
-NOISE_KEY = "noise_multiplier"
 _SEARCHER_OWNED = ("search_alg", "num_samples", "metric", "mode")
 
 
