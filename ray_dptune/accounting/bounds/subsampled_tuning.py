@@ -37,6 +37,7 @@ import numpy as np
 
 from ray_dptune import validate
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.curves.profiles import subsampled_gaussian_pld
 from ray_dptune.accounting.curves.rdp import RDPCurve
 
 __all__ = [
@@ -121,19 +122,15 @@ def subsampled_tuning_epsilon(
 
 
 def dpsgd_run_pld(plan: TrialSpend) -> Any:
-    """dp_accounting's pessimistic PLD of one DP-SGD run of ``plan`` (Poisson rate q, σ, steps; no score release)."""
-    from dp_accounting.pld import privacy_loss_distribution
-
+    """dp_accounting's pessimistic PLD of one DP-SGD run of ``plan`` (Poisson rate q, σ, steps >= 1; no score release)."""
     if plan.score_releases:
         raise ValueError("The final run releases its model only: plan it without score releases.")
-    step = privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=plan.noise_multiplier,
-        sensitivity=1.0,
-        pessimistic_estimate=True,
-        value_discretization_interval=PLD_DISCRETIZATION,
-        sampling_prob=plan.sample_rate,
+    return subsampled_gaussian_pld(
+        sample_rate=plan.sample_rate,
+        noise_multiplier=plan.noise_multiplier,
+        steps=plan.steps,
+        discretization=PLD_DISCRETIZATION,
     )
-    return step.self_compose(plan.steps) if plan.steps > 1 else step
 
 
 def subsampled_search_epsilon(

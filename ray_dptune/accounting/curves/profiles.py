@@ -181,18 +181,11 @@ def subsampled_gaussian_profile(
             (one step of more than PLD_MAX_POINTS points, more than PLD_MAX_STEPS steps, or out of memory).
     """
     sample_rate, noise_multiplier, steps = _check_dpsgd(sample_rate, noise_multiplier, steps)
-    validate.finite_positive("noise_multiplier", noise_multiplier, maximum=PLD_MAX_NOISE)
-    validate.integer("steps", steps, maximum=PLD_MAX_STEPS)
-    discretization = validate.finite_positive("discretization", discretization, maximum=1.0)
     if steps == 0:
         return lambda epsilon: np.zeros_like(validate.not_nan("epsilon", epsilon))
-    points = (1.0 / noise_multiplier / noise_multiplier + 20.0 / noise_multiplier) / discretization
-    if points > PLD_MAX_POINTS:
-        raise ValueError(
-            f"noise_multiplier = {noise_multiplier} with discretization = {discretization} needs ~{points:.2g} "
-            f"points per step (at most {PLD_MAX_POINTS:g}): raise noise_multiplier or discretization."
-        )
-    pld = _built_pld(sample_rate, noise_multiplier, steps, discretization)
+    pld = subsampled_gaussian_pld(
+        sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, discretization=discretization
+    )
 
     def delta(epsilon: np.ndarray) -> np.ndarray:
         eps = np.atleast_1d(validate.not_nan("epsilon", epsilon))
@@ -200,6 +193,28 @@ def subsampled_gaussian_profile(
         return deltas
 
     return delta
+
+
+def subsampled_gaussian_pld(
+    *, sample_rate: float, noise_multiplier: float, steps: int, discretization: float = 1e-4
+) -> Any:
+    """dp_accounting's pessimistic privacy loss distribution of ``steps`` >= 1 DP-SGD steps (cached).
+
+    Raises:
+        ValueError: invalid arguments, σ > PLD_MAX_NOISE, or a distribution too large to build
+            (one step of more than PLD_MAX_POINTS points, more than PLD_MAX_STEPS steps, or out of memory).
+    """
+    sample_rate, noise_multiplier, steps = _check_dpsgd(sample_rate, noise_multiplier, steps)
+    validate.finite_positive("noise_multiplier", noise_multiplier, maximum=PLD_MAX_NOISE)
+    validate.integer("steps", steps, minimum=1, maximum=PLD_MAX_STEPS)
+    discretization = validate.finite_positive("discretization", discretization, maximum=1.0)
+    points = (1.0 / noise_multiplier / noise_multiplier + 20.0 / noise_multiplier) / discretization
+    if points > PLD_MAX_POINTS:
+        raise ValueError(
+            f"noise_multiplier = {noise_multiplier} with discretization = {discretization} needs ~{points:.2g} "
+            f"points per step (at most {PLD_MAX_POINTS:g}): raise noise_multiplier or discretization."
+        )
+    return _built_pld(sample_rate, noise_multiplier, steps, discretization)
 
 
 def _built_pld(sample_rate: float, noise_multiplier: float, steps: int, discretization: float) -> Any:
