@@ -2,7 +2,8 @@
 
 A trial's ``tune.report`` carries :data:`PLAN_KEY` and :data:`SPENT_KEY`; the accountant adds
 :data:`EPSILON_KEY` to every accounted result; a partitioned trial reads :data:`PARTITION_KEY`
-from its config, a trainable of the user's own :data:`SEARCH_PLAN_KEY`. No Ray, no torch.
+from its config, a trainable of the user's own :data:`SEARCH_PLAN_KEY`, a subsampled tuning's trial
+:data:`SAMPLE_KEY`. No Ray, no torch.
 """
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "PARTITION_KEY",
     "PLAN_KEY",
     "PRIVATE_KEY",
+    "SAMPLE_KEY",
     "SEARCH_PLAN_KEY",
     "SPENT_KEY",
 ]
@@ -42,3 +44,7 @@ PARTITION_KEY = "dp_partition"
 
 AUDIT_KEY = "dp_audit"
 """In an audited trial's last report: its canary counts (an :class:`~ray_dptune.audit.counts.AuditCounts` dict)."""
+
+SAMPLE_KEY = "dp_tuning_sample"
+"""Config key of a subsampled tuning's trial: ``{"seed": hex, "fraction": p}``, the secret Poisson sample it trains on
+(:class:`~ray_dptune.tuning_sample.TuningSample`); absent in the final run on all the data."""

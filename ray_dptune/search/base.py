@@ -151,6 +151,10 @@ class PrivateSearcher(Searcher):
         """True when the trial with ``config`` must report and satisfy the search's plan."""
         return True
 
+    def final_trial(self, config: Mapping[str, Any]) -> bool:
+        """True when the trial with ``config`` is a subsampled tuning's final run on all the data (its own plan)."""
+        return False
+
     def privacy_mechanism(self) -> SearchMechanism:
         """How the whole search is bounded (read by the account)."""
         raise NotImplementedError(f"{type(self).__name__} does not declare its privacy mechanism.")
@@ -215,7 +219,8 @@ class PrivateSearcher(Searcher):
 
     def record_suggestion(self, trial_id: str, config: Mapping[str, Any]) -> None:
         """Records that ``trial_id`` was suggested (charged until its fate is known)."""
-        self.record_event({"type": "suggested", "trial_id": trial_id, "accounted": bool(self.accounts_trial(config))})
+        event = {"type": "suggested", "trial_id": trial_id, "accounted": bool(self.accounts_trial(config))}
+        self.record_event({**event, "final": True} if self.final_trial(config) else event)
 
     def privacy_details(self) -> dict[str, Any]:
         """Searcher-specific facts for the privacy report (JSON-serialisable)."""

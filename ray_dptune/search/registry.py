@@ -14,6 +14,7 @@ SEARCHERS: dict[str, str] = {
     "ConstantOverheadSearcher": "ray_dptune.search.constant_overhead",
     "DPBOSearcher": "ray_dptune.search.dpbo",
     "HalvingSearcher": "ray_dptune.search.halving",
+    "SubsampledTuningSearcher": "ray_dptune.search.subsampled",
 }
 """Class name -> the module that defines it. ``HalvingSearcher`` is built by ``PrivateASHAScheduler``."""
 

@@ -33,6 +33,7 @@ from ray_dptune.training.quantile import QuantileClipDPOptimizer
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, Hyperparameters, OptimizerName, TrainSpec
 from ray_dptune.training.state import SpendGuard, TrainState
 from ray_dptune.training.trainable import DPTrainable, dp_trainable
+from ray_dptune.tuning_sample import TuningSample, tuning_sample_indices
 
 __all__ = [
     "DEFAULT_GRAD_SAMPLE_MODE",
@@ -55,6 +56,7 @@ __all__ = [
     "SpendGuard",
     "TrainSpec",
     "TrainState",
+    "TuningSample",
     "automatic_clipping",
     "digits_cnn",
     "digits_data",
@@ -65,4 +67,5 @@ __all__ = [
     "train",
     "train_step",
     "trial_plan",
+    "tuning_sample_indices",
 ]

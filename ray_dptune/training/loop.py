@@ -30,12 +30,12 @@ from opacus.optimizers import DPOptimizer
 from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from opacus.validators import ModuleValidator
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend, sampling_schedule
 from ray_dptune.audit.counts import AuditCounts
 from ray_dptune.errors import PrivacyError
-from ray_dptune.result_keys import AUDIT_KEY, PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SPENT_KEY
+from ray_dptune.result_keys import AUDIT_KEY, PARTITION_KEY, PLAN_KEY, PRIVATE_KEY, SAMPLE_KEY, SPENT_KEY
 from ray_dptune.training.canaries import CanaryScorer
 from ray_dptune.training.clipping import (
     Clipping,
@@ -49,6 +49,7 @@ from ray_dptune.training.partition import Partition
 from ray_dptune.training.plan import PrivacyParams, trial_plan
 from ray_dptune.training.spec import Hyperparameters, LossFn, OptimizerName, TrainSpec
 from ray_dptune.training.state import SpendGuard, TrainState
+from ray_dptune.tuning_sample import TuningSample
 
 __all__ = ["Report", "train", "train_step"]
 
@@ -145,8 +146,9 @@ def train(
         config: the trial's config; needs ``lr`` and ``max_grad_norm``, and may override
             the privacy parameters (``noise_multiplier``, ``batch_size``, ``epochs``,
             ``score_noise_multiplier``) and set ``clipping`` and its keys
-            (:mod:`~ray_dptune.training.clipping`) and ``dp_partition``
-            (:mod:`~ray_dptune.training.partition`).
+            (:mod:`~ray_dptune.training.clipping`), ``dp_partition``
+            (:mod:`~ray_dptune.training.partition`) or ``dp_tuning_sample``
+            (:mod:`~ray_dptune.tuning_sample`).
         spec: the model, data, loss and fixed settings.
         report: called as ``report(metrics, checkpoint_dir)`` once per epoch; the
             directory is deleted when it returns.
@@ -167,6 +169,12 @@ def train(
     if partition is not None:
         train_set = partition.subset(train_set)
         planned_size = len(train_set)
+    sample = TuningSample.from_config(config)
+    if sample is not None:  # q from the sample's public planned size, never from its realised one
+        if spec.audit is not None:
+            raise ValueError(f"A canary audit covers a search over the whole training set, not a {SAMPLE_KEY!r}.")
+        planned_size = sample.planned_size(len(cast(Sized, train_set)))
+        train_set = Subset(train_set, sample.indices(len(cast(Sized, train_set))).tolist())
     plan = None if clipping is None else trial_plan(params, planned_size)
     if resume is not None and resume.plan != plan:
         raise PrivacyError(f"The checkpoint's plan {resume.plan} differs from this trial's plan {plan}.")

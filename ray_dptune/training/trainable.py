@@ -17,13 +17,14 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend
-from ray_dptune.result_keys import PARTITION_KEY
+from ray_dptune.result_keys import PARTITION_KEY, SAMPLE_KEY
 from ray_dptune.training.canaries import CanaryAudit
 from ray_dptune.training.loop import train
 from ray_dptune.training.partition import Partition, part_sizes
 from ray_dptune.training.plan import PrivacyParams, candidates, describe_plans, dominant_plan, space_plan
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, LossFn, OptimizerName, TrainSpec
 from ray_dptune.training.state import TrainState
+from ray_dptune.tuning_sample import TuningSample
 
 __all__ = ["DPTrainable", "dp_trainable"]
 
@@ -167,7 +168,8 @@ class DPTrainable:
 
         When ``param_space`` has ``"dp_partition"`` (fixed, ``tune.choice`` or
         ``tune.grid_search``), the plan covers every part it may name, each at its own
-        size; parts must be private.
+        size; parts must be private. With ``"dp_tuning_sample"``, the plan is a trial's on
+        that sample, at its planned size (:meth:`~ray_dptune.tuning_sample.TuningSample.planned_size`).
 
         Args:
             param_space: the ``param_space`` of ``tune.Tuner``.
@@ -179,6 +181,13 @@ class DPTrainable:
             ValueError: the privacy parameters or parts vary so that no trial's plan
                 covers all, or a part is not private.
         """
+        sample = TuningSample.from_config(param_space)
+        if sample is not None:
+            if self.spec.audit is not None:
+                raise ValueError(f"A canary audit covers a search over the whole training set, not a {SAMPLE_KEY!r}.")
+            rest = {key: value for key, value in param_space.items() if key != SAMPLE_KEY}
+            size = self.dataset_size(rest) if dataset_size is None else dataset_size
+            return space_plan(rest, self.spec.privacy, sample.planned_size(size))
         if PARTITION_KEY in param_space:
             if self.spec.audit is not None:
                 raise ValueError(

@@ -21,7 +21,7 @@ from ray_dptune.errors import BudgetExceededError, PrivacyError, RefusedBeforeTr
 from ray_dptune.records.journal import SearchJournal, journal_location
 from ray_dptune.records.ledger import LedgerEntry, PrivacyLedger
 from ray_dptune.records.report import PrivacyReport, searcher_report, write_search_report
-from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SPENT_KEY
+from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SAMPLE_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of, refuse_truncation
 from ray_dptune.tune.console import end_line, progress_line
 from ray_dptune.tune.guard import (
@@ -282,10 +282,14 @@ class PrivacyAccountantCallback(Callback):
         self._refuse_unsuggested_trial(trial.trial_id)
         self._configs[trial.trial_id] = _jsonable(trial.config)
         self._attempt_starts[trial.trial_id] = time.time()  # a refusal's error file is written after it
-        accounted = bool(self._searcher.accounts_trial(trial.config))
+        event = {
+            "type": "started",
+            "trial_id": trial.trial_id,
+            "accounted": bool(self._searcher.accounts_trial(trial.config)),
+        }
         # Refused (BudgetExceededError) before it is journaled: Tune then ends the search before this attempt
         # is handed to its worker (a retry that does not fit is refused earlier, in on_trial_recover).
-        self._record({"type": "started", "trial_id": trial.trial_id, "accounted": accounted})
+        self._record({**event, "final": True} if self._searcher.final_trial(trial.config) else event)
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
@@ -302,7 +306,7 @@ class PrivacyAccountantCallback(Callback):
         if self._account.plan is None:
             self._record({"type": "plan", "plan": trial_plan})
             self._check_caps()
-        search_plan = self._account.plan
+        search_plan = self._account.plan_of(trial.trial_id)
         beyond_plan = not (report_covers(trial_plan, spent) and report_covers(search_plan, spent))
         if beyond_plan or not self._account.within_charge(trial.trial_id, spent):
             paid = self._account.units_of(trial.trial_id)
@@ -575,5 +579,8 @@ def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict[str, Any] | None:
 
 
 def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as the report keeps it; a tuning sample's seed withheld (it names every record's membership)."""
     jsonable: dict[str, Any] = json.loads(json.dumps(config, default=repr))
+    if isinstance(jsonable.get(SAMPLE_KEY), dict):
+        jsonable[SAMPLE_KEY] = {**jsonable[SAMPLE_KEY], "seed": "withheld (secret)"}
     return jsonable

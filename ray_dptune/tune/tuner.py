@@ -10,15 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
-from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier, search_epsilon
+from ray_dptune import validate
+from ray_dptune.accounting.bookkeeping.calibrate import (
+    calibrate_noise_multiplier,
+    calibrate_subsampled_tuning,
+    search_epsilon,
+)
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError, UnsupportedBoundError
-from ray_dptune.result_keys import NOISE_KEY, SEARCH_PLAN_KEY
+from ray_dptune.result_keys import NOISE_KEY, SAMPLE_KEY, SEARCH_PLAN_KEY
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.random_count import RandomCountSearcher
+from ray_dptune.search.subsampled import SubsampledTuningSearcher
 from ray_dptune.tune.accountant import PrivacyAccountantCallback
 from ray_dptune.tune.guard import check_retries, check_stop, private_tune_config, require_selection_rule
+from ray_dptune.tuning_sample import planned_sample_size
 
 if TYPE_CHECKING:
     from ray_dptune.training.canaries import CanaryAudit
@@ -47,6 +54,8 @@ def private_tuner(
     dataset: str | None = None,
     verbose: bool = True,
     audit: CanaryAudit | None = None,
+    tuning_fraction: float | None = None,
+    final_noise_overhead: float = 0.1,
 ) -> tune.Tuner:
     """A ``tune.Tuner`` whose whole search is (``epsilon``, ``delta``)-DP, calibrated before any trial.
 
@@ -107,6 +116,12 @@ def private_tuner(
             (``plan_for=``) trains on ``audit.training_set(train_set)`` at q = batch_size /
             ``audit.planned_size(n)`` and adds ``{"dp_audit": counts.to_dict()}`` to its last
             report (:class:`~ray_dptune.training.canaries.CanaryScorer`).
+        tuning_fraction: tune on a secret Poisson sample of this rate, then train the best configuration once on
+            all the data (:class:`~ray_dptune.search.subsampled.SubsampledTuningSearcher`, with ``law=`` and a
+            ``dp_trainable``): the budget is split into the tuning trials' σ_T (``param_space``'s
+            ``"noise_multiplier"``) and the final run's σ_B, and the final trial is the released one.
+        final_noise_overhead: with ``tuning_fraction``, σ_B is (1 + this) times the σ one untuned run alone
+            would need for the budget; the tuning gets what that leaves (default 0.1).
 
     Raises:
         PrivacyError: no noise multiplier meets the budget (e.g. the score releases alone exceed it).
@@ -116,6 +131,25 @@ def private_tuner(
     _check_budget(epsilon, delta)
     metric, mode = _selection_rule(metric, mode, tune_config)
     search_alg = searcher
+    subsampled = None
+    if tuning_fraction is not None:
+        subsampled = _subsampled_search(
+            trainable,
+            dict(param_space),
+            law=law,
+            searcher=searcher,
+            plan_for=plan_for,
+            audit=audit,
+            tuning_fraction=tuning_fraction,
+            final_noise_overhead=final_noise_overhead,
+            epsilon=epsilon,
+            delta=delta,
+            retries=retries or 0,
+            generic=generic,
+            metric=metric,
+            mode=mode,
+        )
+        searcher, law = subsampled.searcher, None
     searcher = _searcher(law, searcher, metric, mode)
     search_alg = searcher if search_alg is None else search_alg  # the user's ConcurrencyLimiter stays around it
     mechanism = searcher.privacy_mechanism()
@@ -153,14 +187,25 @@ def private_tuner(
     retries = _reserved_retries(retries, max_failures, mechanism)
     own_loop = plan_for is not None
     plan_for = plan_for or _plan_factory(trainable, dict(param_space), searcher)
-    sigma = calibrate_noise_multiplier(
-        plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic, retries=retries
-    )
+    if subsampled is None:
+        sigma = calibrate_noise_multiplier(
+            plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic, retries=retries
+        )
+    else:  # the split is calibrated with the searcher: σ here is the tuning trials'
+        sigma = subsampled.tuning_noise_multiplier
     plan = plan_for(sigma)
     spent = search_epsilon(plan, delta=delta, mechanism=mechanism, generic=generic, retries=retries)
     if spent > epsilon:  # calibrate returns the safe end; this is the account's own word on it
         raise PrivacyError(f"The calibrated search spends ε = {spent:.6g} > {epsilon}: refusing to run it.")
-    if verbose:
+    if verbose and subsampled is not None:
+        print(
+            f"[ray_dptune] tuning on a {subsampled.searcher.tuning_fraction:g} Poisson sample at σ_T = {sigma:.6g} "
+            f"(param_space[{NOISE_KEY!r}]), then one run on all the data at σ_B = "
+            f"{subsampled.final_noise_multiplier:.6g}: the whole procedure's guarantee is ε = {spent:.4g} "
+            f"(target ε = {epsilon:g}, δ = {delta:g})",
+            flush=True,
+        )
+    elif verbose:
         reserved = f" with {retries} re-run(s) reserved" if retries else ""
         print(
             f"[ray_dptune] noise multiplier σ = {sigma:.6g} (param_space[{NOISE_KEY!r}]): the smallest whose whole "
@@ -189,6 +234,85 @@ def private_tuner(
         tune_config=tuning,
         run_config=_run_config(run_config, accountant),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _SubsampledSearch:
+    searcher: SubsampledTuningSearcher
+    tuning_noise_multiplier: float
+    final_noise_multiplier: float
+
+
+def _subsampled_search(
+    trainable: Any,
+    param_space: dict[str, Any],
+    *,
+    law: RunCountDistribution | None,
+    searcher: Any,
+    plan_for: Any,
+    audit: Any,
+    tuning_fraction: float,
+    final_noise_overhead: float,
+    epsilon: float,
+    delta: float,
+    retries: int,
+    generic: bool,
+    metric: str | None,
+    mode: str | None,
+) -> _SubsampledSearch:
+    """The subsampled tuning's searcher, its budget split into σ_T and σ_B (calibrate_subsampled_tuning)."""
+    if law is None or searcher is not None:
+        raise ValueError(
+            "tuning_fraction= tunes by a random count on the sample: give law= (e.g. Poisson(mean=8)), not searcher=."
+        )
+    if plan_for is not None or not hasattr(trainable, "privacy_plan"):
+        raise ValueError(
+            "tuning_fraction= needs a ray_dptune.training.dp_trainable: it plans the trials on the sample and the final "
+            "run on all the data (a loop of your own reads the sample with tuning_sample_indices, but is not planned here)."
+        )
+    if audit is not None:
+        raise ValueError("A canary audit covers a search over the whole training set, not a tuning on a sample.")
+    fraction = validate.in_range("tuning_fraction", tuning_fraction, 0.0, 1.0, open_left=True, open_right=True)
+    for key in (NOISE_KEY, SAMPLE_KEY):
+        if key in param_space:
+            raise ValueError(f"param_space must not set {key!r}: private_tuner sets it.")
+    size = trainable.dataset_size(param_space)
+
+    def tuning_plan(sigma: float) -> TrialSpend:
+        plan: TrialSpend = trainable.privacy_plan(
+            {**param_space, NOISE_KEY: sigma}, dataset_size=planned_sample_size(fraction, size)
+        )
+        return plan
+
+    def final_plan(sigma: float) -> TrialSpend:
+        plan: TrialSpend = trainable.privacy_plan({**param_space, NOISE_KEY: sigma}, dataset_size=size)
+        if plan.score_releases:
+            raise ValueError(
+                "tuning_fraction= releases the final run's model only: score on a public validation set "
+                "(score_noise_multiplier=None)."
+            )
+        return plan
+
+    sigma_tuning, sigma_final = calibrate_subsampled_tuning(
+        tuning_plan,
+        final_plan,
+        epsilon=epsilon,
+        delta=delta,
+        law=law,
+        sample_rate=fraction,
+        final_noise_overhead=final_noise_overhead,
+        retries=retries,
+        generic=generic,
+    )
+    searcher = SubsampledTuningSearcher(
+        law,
+        tuning_fraction=fraction,
+        final_plan=final_plan(sigma_final),
+        final_noise_multiplier=sigma_final,
+        metric=metric,
+        mode=mode,
+    )
+    return _SubsampledSearch(searcher, sigma_tuning, sigma_final)
 
 
 def _check_budget(epsilon: float, delta: float) -> None:

@@ -16,7 +16,11 @@ bounds of P&S Thms 2/6, Lemma 7 and DP-HyPO Thm 1 hold for any base mechanism wi
 profile). Every other attempt that may have touched the data — superseded by a retry
 (charged when Tune grants the retry, before it can start), left live by a driver that
 died (:meth:`SearchAccount.restored`), of a trial beyond the cap — is composed at the
-full plan (Mironov 2017, Prop. 1: RDP composes adaptively). ``if_stopped_now=True``
+full plan (Mironov 2017, Prop. 1: RDP composes adaptively). In a subsampled tuning
+(:class:`~ray_dptune.accounting.bookkeeping.search_mechanism.SubsampledTuningMechanism`) the
+trial marked ``final`` runs on all the data at the mechanism's final plan: every one of its
+attempts is one more final run, composed (at least one, charged from the start), and the rule
+above holds for the tuning's attempts on the sample. ``if_stopped_now=True``
 charges live attempts too: the durable worst case a ledger keeps. An attempt that reports
 spending past the plan is bounded as it ran: for every attempt, the plan gives way to a
 curve both satisfy (:func:`ray_dptune.accounting.bookkeeping.spend.covering_curve`).
@@ -48,8 +52,18 @@ from typing import Any, Literal, get_args
 
 from ray_dptune import validate
 from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
-from ray_dptune.accounting.bookkeeping.search_mechanism import SearcherRelease, SearchMechanism
-from ray_dptune.accounting.bookkeeping.spend import covering_curve, curve_from_report, parse_report, report_covers
+from ray_dptune.accounting.bookkeeping.search_mechanism import (
+    SearcherRelease,
+    SearchMechanism,
+    SubsampledTuningMechanism,
+)
+from ray_dptune.accounting.bookkeeping.spend import (
+    TrialSpend,
+    covering_curve,
+    curve_from_report,
+    parse_report,
+    report_covers,
+)
 from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 
@@ -96,6 +110,7 @@ CHARGING_EVENTS: frozenset[EventType] = frozenset({"suggested", "started", "fail
 @dataclass
 class _Trial:
     accounted: bool
+    final: bool = False  # the final run on all the data of a subsampled tuning (its own plan)
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -155,6 +170,7 @@ class SearchAccount:
         self._trials_completed = 0  # every trial whose last attempt completed
         self._budget = mechanism.budget()
         self.beyond_plan: dict[tuple[str, int], Any] = {}  # (trial, attempt) -> a spend the plan does not cover
+        self.final_beyond_plan: dict[tuple[str, int], Any] = {}  # the same for final runs, past the final plan
         self._cache: dict[tuple[Any, ...], Any] = {}
         if plan is not None:
             self.apply({"type": "plan", "plan": dict(plan)})
@@ -190,14 +206,16 @@ class SearchAccount:
         trial_id = str(event["trial_id"])
         units = self._units_added(event)
         if trial_id not in self.trials:
-            self._new_attempt(trial_id, bool(event["accounted"]), "suggested", units, _bracket(event))
+            self._new_attempt(
+                trial_id, bool(event["accounted"]), "suggested", units, _bracket(event), final=bool(event.get("final"))
+            )
 
     def _on_started(self, event: Mapping[str, Any]) -> None:
         trial_id = str(event["trial_id"])
         units = self._units_added(event)
         trial = self.trials.get(trial_id)
         if trial is None:
-            self._new_attempt(trial_id, bool(event["accounted"]), "started", units)
+            self._new_attempt(trial_id, bool(event["accounted"]), "started", units, final=bool(event.get("final")))
         elif trial.last == "suggested":
             self._set_state(trial_id, "started")
         else:
@@ -220,8 +238,10 @@ class SearchAccount:
             trial = self.trials[trial_id]
         trial.attempts[-1]["spent"] = spent = event.get("spent")
         self._set_state(trial_id, "reporting")
-        if trial.accounted and None not in (self.plan, spent) and not report_covers(self.plan, spent):
-            self.beyond_plan[(trial_id, len(trial.attempts))] = spent  # it ran: bounded as it ran
+        plan = self.plan_of(trial_id)
+        if trial.accounted and None not in (plan, spent) and not report_covers(plan, spent):
+            beyond = self.final_beyond_plan if trial.final else self.beyond_plan
+            beyond[(trial_id, len(trial.attempts))] = spent  # it ran: bounded as it ran
         self._charge_overrun(trial_id, spent)
 
     def _on_ended_attempt(self, event: Mapping[str, Any]) -> None:
@@ -363,6 +383,7 @@ class SearchAccount:
             self._plan_key(),
         )
         key += (json.dumps(list(self.beyond_plan.values()), sort_keys=True),)
+        key += (self._final_key(),)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._compute(composed, charged)
@@ -422,6 +443,17 @@ class SearchAccount:
         """Copies of the attempts of ``trial_id``, oldest first: the state, spend, units and flags of each."""
         return [dict(attempt) for attempt in self.trials[trial_id].attempts]
 
+    def plan_of(self, trial_id: str) -> dict[str, Any] | None:
+        """The plan ``trial_id``'s attempts must fit: the final plan for a subsampled tuning's final run, else the search's."""
+        trial = self.trials.get(trial_id)
+        if trial is not None and trial.final and isinstance(self.mechanism, SubsampledTuningMechanism):
+            return dict(self.mechanism.final_plan_record)
+        return self.plan
+
+    def is_final(self, trial_id: str) -> bool:
+        """True when ``trial_id`` is a subsampled tuning's final run on all the data."""
+        return trial_id in self.trials and self.trials[trial_id].final
+
     def is_accounted(self, trial_id: str) -> bool:
         """True when the account knows ``trial_id`` and counts its attempts in the guarantee."""
         return trial_id in self.trials and self.trials[trial_id].accounted
@@ -435,6 +467,18 @@ class SearchAccount:
             return Guarantee(None, self.delta, None, charged, reason="no trial has reported its plan yet")
         plan_curve, selection = self._selection()
         total = selection + composed * plan_curve if composed else selection
+        if isinstance(mechanism, SubsampledTuningMechanism):
+            epsilon = mechanism.whole_epsilon(total, final_runs=self._final_runs(mechanism), delta=self.delta)
+            return Guarantee(
+                epsilon=epsilon,
+                delta=self.delta,
+                curve=None,  # an (ε, δ) from privacy loss distributions: composed with others as a release
+                charged_attempts=charged,
+                epsilon_selection=selection.epsilon(delta=self.delta),
+                epsilon_one_trial=plan_curve.epsilon(delta=self.delta),
+                release_epsilon=epsilon,
+                release_delta=self.delta,
+            )
         epsilon = total.epsilon(delta=self.delta)
         if mechanism.pays_by_units and total.mechanism is not None:  # one DP-SGD run: its exact profile
             epsilon = min(epsilon, total.mechanism.epsilon(delta=self.delta))
@@ -447,6 +491,20 @@ class SearchAccount:
             epsilon_one_trial=plan_curve.epsilon(delta=self.delta),
             epsilon_adaptivity=mechanism.adaptivity(plan_curve, selection, delta=self.delta, generic=self.generic),
         )
+
+    def _final_runs(self, mechanism: SubsampledTuningMechanism) -> list[TrialSpend]:
+        """One plan per final attempt that may have run (at least one), each widened to what it reported past it."""
+        plan = mechanism.final_plan
+        runs = []
+        for trial_id, trial in self.trials.items():
+            if not (trial.final and trial.accounted):
+                continue
+            for number, attempt in enumerate(trial.attempts, start=1):
+                if attempt.get("untrained"):
+                    continue
+                beyond = self.final_beyond_plan.get((trial_id, number))
+                runs.append(plan if beyond is None else _widest(plan, parse_report(beyond)))
+        return runs or [plan]
 
     def _selection(self) -> tuple[RDPCurve, RDPCurve]:
         assert self.plan is not None  # _compute returns before selecting while no plan is known
@@ -490,19 +548,35 @@ class SearchAccount:
         last = None if trial is None else (trial.attempts[-1]["state"], trial.attempts[-1]["units"])
         return self._budget.units_added(event, last)
 
+    def _final_key(self) -> str:
+        """The final runs' attempts and their spends past the final plan (what the subsampled bound reads)."""
+        finals = [
+            [attempt.get("untrained") is not None for attempt in trial.attempts]
+            for trial in self.trials.values()
+            if trial.final and trial.accounted
+        ]
+        return json.dumps([finals, list(self.final_beyond_plan.values())], sort_keys=True)
+
     def _plan_key(self) -> str | None:
         return None if self.plan is None else json.dumps(self.plan, sort_keys=True)
 
     def _new_attempt(
-        self, trial_id: str, accounted: bool, state: AttemptState, units: int = 0, bracket: int | None = None
+        self,
+        trial_id: str,
+        accounted: bool,
+        state: AttemptState,
+        units: int = 0,
+        bracket: int | None = None,
+        *,
+        final: bool = False,
     ) -> None:
-        trial = self.trials.setdefault(trial_id, _Trial(accounted))
+        trial = self.trials.setdefault(trial_id, _Trial(accounted, final))
         self._count(trial, -1)
         trial.attempts.append({"state": state, "spent": None, "units": units})
         if units:
             assert self._budget is not None  # units are charged only in a halving search (_units_added)
             self._budget.add(trial_id, units, bracket=bracket)
-        if trial.accounted:
+        if trial.accounted and not trial.final:
             self._attempts += 1
         self._count(trial, +1)
 
@@ -517,13 +591,28 @@ class SearchAccount:
         last = trial.last
         if last == "completed":
             self._trials_completed += sign
-        if not trial.accounted:
-            return
+        if not trial.accounted or trial.final:
+            return  # a final run is composed whole by its mechanism (_final_runs), not covered or charged here
         ended = last in ENDED_STATES and not trial.attempts[-1].get("retry")
         if ended or last in LIVE_STATES:
             self._coverable += sign
         if ended:
             self._settled += sign
+
+
+def _widest(plan: TrialSpend, spent: TrialSpend | RDPCurve) -> TrialSpend:
+    """A DP-SGD run that both ``plan`` and ``spent`` are post-processings of (largest q and steps, smallest σ).
+
+    Raises:
+        PrivacyError: ``spent`` is not a DP-SGD run without score releases (no privacy loss distribution bounds it).
+    """
+    if not isinstance(spent, TrialSpend) or spent.score_releases:
+        raise PrivacyError(f"A final run reported a spend no DP-SGD run bounds: {spent}.")
+    return TrialSpend(
+        sample_rate=max(plan.sample_rate, spent.sample_rate),
+        noise_multiplier=min(plan.noise_multiplier, spent.noise_multiplier),
+        steps=max(plan.steps, spent.steps),
+    )
 
 
 def _bracket(event: Mapping[str, Any]) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ray_dptune import validate
 from ray_dptune.accounting.bookkeeping.account import SearchAccount
@@ -11,7 +12,7 @@ from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 
-__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "search_epsilon"]
+__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "calibrate_subsampled_tuning", "search_epsilon"]
 
 MAX_NOISE_MULTIPLIER = 1e4
 """The largest σ the calibration tries before it declares the budget out of reach."""
@@ -98,15 +99,111 @@ def calibrate_noise_multiplier(
             generic=generic,
         )
 
+    return _least_noise(
+        spent,
+        epsilon=epsilon,
+        rtol=rtol,
+        out_of_reach=(
+            f"No noise multiplier up to {MAX_NOISE_MULTIPLIER:g} meets ε = {epsilon} at δ = {delta} for this "
+            "search: the score releases or the adaptivity cost log(C/c) alone exceed it. Raise the target, "
+            "add noise to the score, or lower density_ratio."
+        ),
+    )
+
+
+def calibrate_subsampled_tuning(
+    tuning_plan_for: Callable[[float], TrialSpend],
+    final_plan_for: Callable[[float], TrialSpend],
+    *,
+    epsilon: float,
+    delta: float,
+    law: RunCountDistribution,
+    sample_rate: float,
+    final_noise_overhead: float = 0.1,
+    retries: int = 0,
+    generic: bool = True,
+    rtol: float = 1e-3,
+) -> tuple[float, float]:
+    """(σ_T, σ_B) of a subsampled tuning that meets (``epsilon``, ``delta``): the split of the budget.
+
+    σ_B, the final run's noise, is held at (1 + ``final_noise_overhead``) times the σ one
+    untuned run alone needs for the budget; σ_T, the tuning trials' noise on the sample, is the
+    smallest that leaves it (to 1 %); then σ_B is lowered as far as that σ_T allows. Each
+    evaluation reads a few points of the tuning's profile near the best one (any subset of
+    valid points is a valid bound, :func:`~ray_dptune.accounting.bounds.subsampled_tuning.subsampled_tuning_epsilon`),
+    so the account's bound over all of them is at most the target.
+
+    Raises:
+        PrivacyError: no split meets the target (the final run alone needs more than it).
+    """
+    from ray_dptune.accounting.bounds.selection import repeat_and_select
+    from ray_dptune.accounting.bounds.subsampled_tuning import (
+        TUNING_DELTAS,
+        dpsgd_run_pld,
+        profile_points,
+        subsampled_tuning_epsilon,
+    )
+
+    epsilon = validate.finite_positive("epsilon", epsilon)
+    validate.probability("delta", delta, open_left=True, open_right=True)
+    final_noise_overhead = validate.non_negative("final_noise_overhead", final_noise_overhead)
+    retries = validate.integer("retries", retries, minimum=0)
+    nearest = [0]  # the index of the best δ point so far: evaluations read its neighbours
+
+    def tuning_points(sigma_tuning: float) -> list[tuple[float, float]]:
+        plan = tuning_plan_for(sigma_tuning).curve()
+        curve = repeat_and_select(plan, law, generic=generic)
+        return profile_points(curve + retries * plan if retries else curve)
+
+    def whole(points: list[tuple[float, float]], final: Any) -> float:
+        around = points[max(0, nearest[0] - 3) : nearest[0] + 4]
+        values = [
+            subsampled_tuning_epsilon([point], sample_rate=sample_rate, final_run=final, delta=delta)
+            for point in around
+        ]
+        best = min(range(len(values)), key=values.__getitem__)
+        nearest[0] = points.index(around[best])
+        return values[best]
+
+    def alone(sigma: float) -> float:
+        pld = dpsgd_run_pld(final_plan_for(sigma))
+        return float(pld.get_epsilon_for_delta(delta))
+
+    reach = f"One final run alone cannot meet ε = {epsilon} at δ = {delta} with σ up to {MAX_NOISE_MULTIPLIER:g}."
+    sigma_final = (1.0 + final_noise_overhead) * _least_noise(alone, epsilon=epsilon, rtol=rtol, out_of_reach=reach)
+    final = dpsgd_run_pld(final_plan_for(sigma_final))
+    first = tuning_points(1.0)
+    nearest[0] = min(
+        range(len(TUNING_DELTAS)),
+        key=lambda i: subsampled_tuning_epsilon([first[i]], sample_rate=sample_rate, final_run=final, delta=delta),
+    )
+    sigma_tuning = _least_noise(
+        lambda sigma: whole(tuning_points(sigma), final),
+        epsilon=epsilon,
+        rtol=1e-2,
+        out_of_reach=f"No tuning noise up to {MAX_NOISE_MULTIPLIER:g} leaves the final run σ = {sigma_final:.4g}.",
+    )
+    points = tuning_points(sigma_tuning)
+    sigma_final = _least_noise(
+        lambda sigma: whole(points, dpsgd_run_pld(final_plan_for(sigma))),
+        epsilon=epsilon,
+        rtol=rtol,
+        out_of_reach=reach,
+    )
+    return sigma_tuning, sigma_final
+
+
+def _least_noise(spent: Callable[[float], float], *, epsilon: float, rtol: float, out_of_reach: str) -> float:
+    """The smallest σ (to ``rtol``, the safe end) with ``spent(σ) <= epsilon``; ``spent`` non-increasing in σ.
+
+    Raises:
+        PrivacyError: ``out_of_reach``, when no σ up to MAX_NOISE_MULTIPLIER meets it.
+    """
     low, high = 0.5, 1.0
     while spent(high) > epsilon:
         low, high = high, high * 2.0
         if high > MAX_NOISE_MULTIPLIER:
-            raise PrivacyError(
-                f"No noise multiplier up to {MAX_NOISE_MULTIPLIER:g} meets ε = {epsilon} at δ = {delta} for this "
-                "search: the score releases or the adaptivity cost log(C/c) alone exceed it. Raise the target, "
-                "add noise to the score, or lower density_ratio."
-            )
+            raise PrivacyError(out_of_reach)
     while spent(low) <= epsilon and low > 1e-3:
         low, high = low / 2.0, low
     while high - low > rtol * high:

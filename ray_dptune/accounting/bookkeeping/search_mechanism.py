@@ -2,7 +2,7 @@
 
 Each kind is a subclass of :class:`SearchMechanism` (build them with its class methods):
 :class:`RandomCountMechanism`, :class:`ConstantOverheadMechanism`, :class:`SearcherRelease`,
-:class:`CompositionMechanism` and :class:`HalvingMechanism`. A record is JSON-ready (it is
+:class:`CompositionMechanism`, :class:`HalvingMechanism` and :class:`SubsampledTuningMechanism`. A record is JSON-ready (it is
 written to the journal and the report; :meth:`SearchMechanism.from_dict` is the one place a
 kind's name is read) and turns a per-attempt plan curve into the curve of the attempts its
 bound covers (:meth:`SearchMechanism.selection_curve`).
@@ -20,8 +20,10 @@ from typing import Any, ClassVar
 from ray_dptune import validate
 from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
 from ray_dptune.accounting.bookkeeping.halving_budget import HalvingBudget
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.accounting.bounds.distributions import RunCountDistribution, distribution_from_dict
 from ray_dptune.accounting.bounds.selection import repeat_and_select
+from ray_dptune.accounting.bounds.subsampled_tuning import dpsgd_run_pld, profile_points, subsampled_tuning_epsilon
 from ray_dptune.accounting.bounds.svt import svt_curve
 from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
@@ -33,6 +35,7 @@ __all__ = [
     "RandomCountMechanism",
     "SearchMechanism",
     "SearcherRelease",
+    "SubsampledTuningMechanism",
 ]
 
 _DRAWN = frozenset({"num_trials", "num_brackets"})
@@ -100,6 +103,29 @@ class SearchMechanism:
         if law is None and num_brackets != 1:
             raise ValueError(f"num_brackets = {num_brackets} needs the law it was drawn from (law=).")
         return HalvingMechanism(budget_units, max_t, None if law is None else law.to_dict(), num_brackets)
+
+    @classmethod
+    def subsampled_tuning(
+        cls, *, law: RunCountDistribution, num_trials: int, sample_rate: float, final_plan: TrialSpend
+    ) -> SubsampledTuningMechanism:
+        """K ~ ``law`` runs on a Poisson sample of rate ``sample_rate``, then one run of ``final_plan`` on all the data.
+
+        The tuning is P&S 2022 Thms 2/6 on the sample; the whole procedure is bounded by
+        :func:`~ray_dptune.accounting.bounds.subsampled_tuning.subsampled_tuning_epsilon`.
+        """
+        sample_rate = validate.in_range("sample_rate", sample_rate, 0.0, 1.0)
+        if not 0.0 < sample_rate < 1.0:
+            raise ValueError(
+                f"sample_rate must lie strictly between 0 and 1 (the tuning sample's share), got {sample_rate}."
+            )
+        if final_plan.score_releases:
+            raise ValueError("The final run releases its model only: plan it without noisy score releases.")
+        return SubsampledTuningMechanism(
+            law_record=law.to_dict(),
+            num_trials=int(num_trials),
+            sample_rate=float(sample_rate),
+            final_plan_record=final_plan.to_dict(),
+        )
 
     # ------------------------------------------------------------------ the bound
     @property
@@ -186,7 +212,7 @@ class SearchMechanism:
         return kinds[record["kind"]](**{_FIELD_OF.get(str(name), str(name)): value for name, value in params.items()})
 
 
-_FIELD_OF = {"law": "law_record", "description": "description_record"}
+_FIELD_OF = {"law": "law_record", "description": "description_record", "final_plan": "final_plan_record"}
 """A record's parameter name -> its field, where they differ (the law and a description are kept as JSON)."""
 
 
@@ -363,10 +389,48 @@ class HalvingMechanism(SearchMechanism):
         return HalvingBudget(self.params)
 
 
+@dataclass(frozen=True)
+class SubsampledTuningMechanism(RandomCountMechanism):
+    """Tune on a Poisson sample, train once on all the data (amplification, then PLD composition).
+
+    The tuning is a random-count search whose every attempt runs on one Poisson sample of rate
+    ``sample_rate`` (its selection curve and composed attempts are the account's, at the tuning
+    plan); the final trial runs ``final_plan`` on all the data with hyperparameters chosen from
+    the tuning's output. :meth:`whole_epsilon` bounds the procedure
+    (:mod:`~ray_dptune.accounting.bounds.subsampled_tuning`). Every final attempt is one more run
+    on all the data, so each is composed (at least one: it is charged from the start).
+    """
+
+    kind: ClassVar[str] = "subsampled_tuning"
+    sample_rate: float = 0.0
+    final_plan_record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The random-count search's parameters, the sample's rate and the final run's plan."""
+        return {**super().params, "sample_rate": self.sample_rate, "final_plan": self.final_plan_record}
+
+    @property
+    def final_plan(self) -> TrialSpend:
+        """The plan of the final run on all the data (fixed before the search)."""
+        return TrialSpend.from_dict(self.final_plan_record)
+
+    def whole_epsilon(self, tuning: RDPCurve, *, final_runs: list[TrialSpend], delta: float) -> float:
+        """ε at ``delta`` of the tuning (its curve on the sample) amplified, composed with every final run."""
+        runs = iter(final_runs or [self.final_plan])
+        final = dpsgd_run_pld(next(runs))
+        for run in runs:
+            final = final.compose(dpsgd_run_pld(run))
+        return subsampled_tuning_epsilon(
+            profile_points(tuning), sample_rate=self.sample_rate, final_run=final, delta=delta
+        )
+
+
 _KINDS: tuple[type[SearchMechanism], ...] = (
     RandomCountMechanism,
     ConstantOverheadMechanism,
     SearcherRelease,
     CompositionMechanism,
     HalvingMechanism,
+    SubsampledTuningMechanism,
 )
