@@ -27,6 +27,8 @@ from ray_dptune.result_keys import SAMPLE_KEY
 
 __all__ = ["TuningSample", "planned_sample_size", "tuning_sample_indices"]
 
+_HEX = frozenset("0123456789abcdef")
+
 
 @dataclass(frozen=True, repr=False)
 class TuningSample:
@@ -41,9 +43,9 @@ class TuningSample:
     fraction: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seed, str) or not self.seed:
-            raise ValueError(f"config[{SAMPLE_KEY!r}]['seed'] must be a hexadecimal string.")
-        int(self.seed, 16)  # ValueError when it is not hexadecimal
+        hexadecimal = isinstance(self.seed, str) and bool(self.seed) and all(c in _HEX for c in self.seed.lower())
+        if not hexadecimal:
+            raise ValueError(f"config[{SAMPLE_KEY!r}]['seed'] must be a hexadecimal string (the sample's secret seed).")
         fraction = validate.in_range(f"config[{SAMPLE_KEY!r}]['fraction']", self.fraction, 0.0, 1.0)
         if not 0.0 < fraction < 1.0:
             raise ValueError(f"config[{SAMPLE_KEY!r}]['fraction'] must lie strictly between 0 and 1, got {fraction}.")

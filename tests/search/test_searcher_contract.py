@@ -18,6 +18,7 @@ from ray.tune.search import Searcher
 
 from ray_dptune import PointMass
 from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.errors import PrivacyError
 from ray_dptune.search.base import PrivateSearcher, private_searcher_of
 from ray_dptune.search.constant_overhead import ConstantOverheadSearcher
@@ -25,6 +26,7 @@ from ray_dptune.search.dpbo import DPBOSearcher
 from ray_dptune.search.dphypo import DPHyPOSearcher
 from ray_dptune.search.random_count import RandomCountSearcher
 from ray_dptune.search.registry import SEARCHERS
+from ray_dptune.search.subsampled import SubsampledTuningSearcher
 
 PRIVACY_ARGUMENTS = {"epsilon", "delta", "epsilon_round", "density_ratio", "upper", "lower", "noise_multiplier"}
 SPACE = {"x": tune.uniform(0.0, 1.0), "c": tune.choice(["a", "b"]), "epochs": 1}
@@ -62,6 +64,18 @@ CASES = {
         ),
         {"epochs": 1},
         {"epochs": 2},
+    ),
+    "subsampled": Case(
+        lambda seed, **kw: SubsampledTuningSearcher(
+            PointMass(4),
+            tuning_fraction=0.2,
+            final_plan=TrialSpend(sample_rate=0.01, noise_multiplier=1.0, steps=100),
+            final_noise_multiplier=1.0,
+            seed=seed,
+            **kw,
+        ),
+        SPACE,
+        OTHER,
     ),
 }
 
