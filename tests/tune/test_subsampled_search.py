@@ -100,13 +100,6 @@ def test_a_subsampled_search_the_bound_does_not_cover_is_refused_before_any_tria
 
 
 def test_the_split_meets_the_budget_and_leaves_the_final_run_near_an_untuned_one():
-    from ray_dptune.accounting.bookkeeping.calibrate import (
-        calibrate_noise_multiplier,
-        calibrate_subsampled_tuning,
-        search_epsilon,
-    )
-    from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
-
     def final_plan(sigma):
         return TrialSpend(sample_rate=64 / DIGITS_TRAIN, noise_multiplier=sigma, steps=9 * 22)
 
