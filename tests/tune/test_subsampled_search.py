@@ -99,6 +99,7 @@ def test_a_subsampled_search_the_bound_does_not_cover_is_refused_before_any_tria
         private_tuner(arguments.pop("trainable"), **arguments)
 
 
+@pytest.mark.slow  # tens of privacy loss distributions
 def test_the_split_meets_the_budget_and_leaves_the_final_run_near_an_untuned_one():
     def final_plan(sigma):
         return TrialSpend(sample_rate=64 / DIGITS_TRAIN, noise_multiplier=sigma, steps=9 * 22)
