@@ -61,6 +61,7 @@ __all__ = [  # the searchers are the registry's (tests/search/test_searcher_cont
     "RandomCountSearcher",
     "RefusedBeforeTraining",
     "ReleasedTrial",
+    "SubsampledTuningSearcher",
     "TrialSpend",
     "TruncatedNegativeBinomial",
     "UnsupportedBoundError",

@@ -20,6 +20,7 @@ __all__ = [  # the registry's names (tests/search/test_searcher_contract.py chec
     "DPHyPOSearcher",
     "HalvingSearcher",
     "RandomCountSearcher",
+    "SubsampledTuningSearcher",
 ]
 
 

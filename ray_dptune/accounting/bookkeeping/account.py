@@ -57,13 +57,7 @@ from ray_dptune.accounting.bookkeeping.search_mechanism import (
     SearchMechanism,
     SubsampledTuningMechanism,
 )
-from ray_dptune.accounting.bookkeeping.spend import (
-    TrialSpend,
-    covering_curve,
-    curve_from_report,
-    parse_report,
-    report_covers,
-)
+from ray_dptune.accounting.bookkeeping.spend import covering_curve, curve_from_report, parse_report, report_covers
 from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError
 
@@ -468,16 +462,16 @@ class SearchAccount:
         plan_curve, selection = self._selection()
         total = selection + composed * plan_curve if composed else selection
         if isinstance(mechanism, SubsampledTuningMechanism):
-            epsilon = mechanism.whole_epsilon(total, final_runs=self._final_runs(mechanism), delta=self.delta)
-            return Guarantee(
-                epsilon=epsilon,
-                delta=self.delta,
-                curve=None,  # an (ε, δ) from privacy loss distributions: composed with others as a release
-                charged_attempts=charged,
-                epsilon_selection=selection.epsilon(delta=self.delta),
-                epsilon_one_trial=plan_curve.epsilon(delta=self.delta),
-                release_epsilon=epsilon,
-                release_delta=self.delta,
+            ran = [  # every final attempt that may have run: what it reported past the final plan, or None
+                self.final_beyond_plan.get((trial_id, n))
+                for trial_id, trial in self.trials.items()
+                if trial.final and trial.accounted
+                for n, attempt in enumerate(trial.attempts, 1)
+                if not attempt.get("untrained")
+            ]
+            finals = mechanism.final_runs(ran)
+            return mechanism.whole_guarantee(
+                plan_curve, selection, total, final_runs=finals, charged=charged, delta=self.delta
             )
         epsilon = total.epsilon(delta=self.delta)
         if mechanism.pays_by_units and total.mechanism is not None:  # one DP-SGD run: its exact profile
@@ -491,20 +485,6 @@ class SearchAccount:
             epsilon_one_trial=plan_curve.epsilon(delta=self.delta),
             epsilon_adaptivity=mechanism.adaptivity(plan_curve, selection, delta=self.delta, generic=self.generic),
         )
-
-    def _final_runs(self, mechanism: SubsampledTuningMechanism) -> list[TrialSpend]:
-        """One plan per final attempt that may have run (at least one), each widened to what it reported past it."""
-        plan = mechanism.final_plan
-        runs = []
-        for trial_id, trial in self.trials.items():
-            if not (trial.final and trial.accounted):
-                continue
-            for number, attempt in enumerate(trial.attempts, start=1):
-                if attempt.get("untrained"):
-                    continue
-                beyond = self.final_beyond_plan.get((trial_id, number))
-                runs.append(plan if beyond is None else _widest(plan, parse_report(beyond)))
-        return runs or [plan]
 
     def _selection(self) -> tuple[RDPCurve, RDPCurve]:
         assert self.plan is not None  # _compute returns before selecting while no plan is known
@@ -550,11 +530,7 @@ class SearchAccount:
 
     def _final_key(self) -> str:
         """The final runs' attempts and their spends past the final plan (what the subsampled bound reads)."""
-        finals = [
-            [attempt.get("untrained") is not None for attempt in trial.attempts]
-            for trial in self.trials.values()
-            if trial.final and trial.accounted
-        ]
+        finals = [[bool(a.get("untrained")) for a in trial.attempts] for trial in self.trials.values() if trial.final]
         return json.dumps([finals, list(self.final_beyond_plan.values())], sort_keys=True)
 
     def _plan_key(self) -> str | None:
@@ -598,21 +574,6 @@ class SearchAccount:
             self._coverable += sign
         if ended:
             self._settled += sign
-
-
-def _widest(plan: TrialSpend, spent: TrialSpend | RDPCurve) -> TrialSpend:
-    """A DP-SGD run that both ``plan`` and ``spent`` are post-processings of (largest q and steps, smallest σ).
-
-    Raises:
-        PrivacyError: ``spent`` is not a DP-SGD run without score releases (no privacy loss distribution bounds it).
-    """
-    if not isinstance(spent, TrialSpend) or spent.score_releases:
-        raise PrivacyError(f"A final run reported a spend no DP-SGD run bounds: {spent}.")
-    return TrialSpend(
-        sample_rate=max(plan.sample_rate, spent.sample_rate),
-        noise_multiplier=min(plan.noise_multiplier, spent.noise_multiplier),
-        steps=max(plan.steps, spent.steps),
-    )
 
 
 def _bracket(event: Mapping[str, Any]) -> int | None:

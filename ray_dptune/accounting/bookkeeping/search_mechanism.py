@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from ray_dptune import validate
 from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
 from ray_dptune.accounting.bookkeeping.halving_budget import HalvingBudget
-from ray_dptune.accounting.bookkeeping.spend import TrialSpend
+from ray_dptune.accounting.bookkeeping.spend import TrialSpend, parse_report
 from ray_dptune.accounting.bounds.distributions import RunCountDistribution, distribution_from_dict
 from ray_dptune.accounting.bounds.selection import repeat_and_select
 from ray_dptune.accounting.bounds.subsampled_tuning import dpsgd_run_pld, profile_points, subsampled_tuning_epsilon
@@ -414,6 +414,60 @@ class SubsampledTuningMechanism(RandomCountMechanism):
     def final_plan(self) -> TrialSpend:
         """The plan of the final run on all the data (fixed before the search)."""
         return TrialSpend.from_dict(self.final_plan_record)
+
+    def final_runs(self, beyond: list[Any]) -> list[TrialSpend]:
+        """The runs to compose, one per final attempt that may have run (at least one, charged from the start).
+
+        ``beyond`` holds, per attempt, what it reported past the final plan (None: within it);
+        such an attempt is bounded by a DP-SGD run both are post-processings of (the largest q
+        and steps, the smallest σ).
+
+        Raises:
+            PrivacyError: a spend no DP-SGD run without score releases bounds.
+        """
+        plan = self.final_plan
+        runs = []
+        for spent in beyond:
+            parsed = None if spent is None else parse_report(spent)
+            if parsed is not None and (not isinstance(parsed, TrialSpend) or parsed.score_releases):
+                raise PrivacyError(f"A final run reported a spend no DP-SGD run bounds: {spent}.")
+            runs.append(
+                plan
+                if parsed is None
+                else TrialSpend(
+                    sample_rate=max(plan.sample_rate, parsed.sample_rate),
+                    noise_multiplier=min(plan.noise_multiplier, parsed.noise_multiplier),
+                    steps=max(plan.steps, parsed.steps),
+                )
+            )
+        return runs or [plan]
+
+    def whole_guarantee(
+        self,
+        plan: RDPCurve,
+        selection: RDPCurve,
+        tuning: RDPCurve,
+        *,
+        final_runs: list[TrialSpend],
+        charged: int,
+        delta: float,
+    ) -> Guarantee:
+        """The procedure's (ε, δ): ``tuning`` (the curve of every attempt on the sample), amplified, then the final runs.
+
+        The guarantee has no RDP curve (it comes from privacy loss distributions): a ledger composes
+        it with other searches as an (ε, δ) release. ``plan`` and ``selection`` are reported as parts.
+        """
+        epsilon = self.whole_epsilon(tuning, final_runs=final_runs, delta=delta)
+        return Guarantee(
+            epsilon=epsilon,
+            delta=delta,
+            curve=None,
+            charged_attempts=charged,
+            epsilon_selection=selection.epsilon(delta=delta),
+            epsilon_one_trial=plan.epsilon(delta=delta),
+            release_epsilon=epsilon,
+            release_delta=delta,
+        )
 
     def whole_epsilon(self, tuning: RDPCurve, *, final_runs: list[TrialSpend], delta: float) -> float:
         """ε at ``delta`` of the tuning (its curve on the sample) amplified, composed with every final run."""
