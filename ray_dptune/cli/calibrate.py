@@ -28,7 +28,7 @@ from ray_dptune.cli.args import (
     positive_float,
     sample_rate,
 )
-from ray_dptune.cli.planning import LawSpec, TrialSchedule, calibration
+from ray_dptune.cli.planning import LawSpec, TrialSchedule, calibration, subsampled_calibration
 from ray_dptune.errors import PrivacyError
 
 __all__ = ["add_parser", "run"]
@@ -54,7 +54,9 @@ def add_parser(subparsers: Any) -> None:
             "examples:\n"
             f"  {PROG} calibrate --epsilon 3 --delta 1e-5 --mean 8 --dataset-size 1437 --batch-size 64 --epochs 9\n"
             f"  {PROG} calibrate --epsilon 1 --delta 1e-6 --law tnb:0.5 --mean 20 --sample-rate 0.01 --steps 5000\n"
-            f"  {PROG} calibrate --epsilon 8 --delta 1e-5 --sample-rate 0.004 --steps 2500 --retries 2 --json"
+            f"  {PROG} calibrate --epsilon 8 --delta 1e-5 --sample-rate 0.004 --steps 2500 --retries 2 --json\n"
+            f"  {PROG} calibrate --epsilon 3 --delta 1e-5 --dataset-size 1437 --batch-size 64 --epochs 9 "
+            "--tuning-fraction 0.1"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -77,6 +79,21 @@ def add_parser(subparsers: Any) -> None:
         metavar="MEAN",
         help=f"expected number of trials E[K] (default: {DEFAULT_MEAN:g}); must be > 1 for logarithmic, geometric "
         "and tnb, whose exact mean is the largest not above MEAN.",
+    )
+    search.add_argument(
+        "--tuning-fraction",
+        type=open_unit_float,
+        metavar="P",
+        help="tune on a secret Poisson sample of this share of the data, then train the best configuration once on "
+        "all of it (private_tuner(tuning_fraction=P)): print the tuning's σ_T and the final run's σ_B. Needs "
+        "--dataset-size, --batch-size and --epochs.",
+    )
+    search.add_argument(
+        "--final-noise-overhead",
+        type=positive_float,
+        default=0.1,
+        metavar="F",
+        help="with --tuning-fraction: σ_B is (1 + F) times one untuned run's σ (default: 0.1).",
     )
     search.add_argument(
         "--retries",
@@ -137,7 +154,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         schedule = _build_schedule(args)
         law = args.law.build(args.mean)
-        result = calibration(schedule, law, epsilon=args.epsilon, delta=args.delta, retries=args.retries)
+        if args.tuning_fraction is not None:
+            result = subsampled_calibration(
+                schedule,
+                law,
+                epsilon=args.epsilon,
+                delta=args.delta,
+                tuning_fraction=args.tuning_fraction,
+                final_noise_overhead=args.final_noise_overhead,
+                retries=args.retries,
+            )
+        else:
+            result = calibration(schedule, law, epsilon=args.epsilon, delta=args.delta, retries=args.retries)
     except ValueError as error:
         parser.error(str(error))
     except PrivacyError as error:
@@ -145,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
     result = {**result, "law": {"name": args.law.name, **result["law"]}}
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
+    elif args.tuning_fraction is not None:
+        print(cli_format.format_subsampled_calibration(result))
     else:
         print(cli_format.format_calibration(result, schedule=schedule))
     return 0

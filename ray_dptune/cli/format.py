@@ -155,6 +155,39 @@ def format_calibration(result: dict[str, Any], *, schedule: TrialSchedule) -> st
     )
 
 
+def format_subsampled_calibration(result: dict[str, Any]) -> str:
+    """The ``calibrate --tuning-fraction`` lines of :func:`~ray_dptune.cli.planning.subsampled_calibration`."""
+    law, tuning, final = result["law"], result["tuning_schedule"], result["schedule"]
+    rows = [
+        ("σ_T, the tuning trials' noise", f"{float(result['noise_multiplier_tuning'])!r}"),
+        ("σ_B, the final run's noise", f"{float(result['noise_multiplier_final'])!r}"),
+        ("ε whole procedure", f"{result['epsilon_search']:.4f}"),
+        ("σ of an ordinary search, all data", f"{float(result['noise_multiplier_ordinary_search'])!r}"),
+        ("σ for one run, no tuning (exact)", f"{float(result['noise_multiplier_one_run'])!r}"),
+        ("DP-SGD steps per search, E[·]", f"{result['steps_per_search']:.0f}"),
+        ("the ordinary search's, E[·]", f"{result['steps_per_ordinary_search']:.0f}"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(
+        [
+            f"Target for the whole procedure: ε = {result['epsilon_target']:g}, δ = {result['delta']:g}",
+            (
+                f"Tuning: K ~ {law['name']} with E[K] = {law['mean']:.6g} trials on a Poisson sample of "
+                f"{result['tuning_fraction']:g} of the data ({tuning['dataset_size']} planned records, q = "
+                f"{tuning['sample_rate']:.4g}, {tuning['steps']} steps); {result['retries']} re-run(s) reserved"
+            ),
+            (
+                f"Final run: the best configuration on all {final['dataset_size']} records, "
+                f"q = {final['sample_rate']:.4g}, {final['steps']} steps: the released model"
+            ),
+            "",
+            *(f"{label.ljust(width)}  {value}" for label, value in rows),
+            "",
+            f"σ_B is {1 + result['final_noise_overhead']:g} × one untuned run's σ at most; σ_T is the least that leaves it.",
+        ]
+    )
+
+
 def format_ledger_table(path: Path, totals: dict[str, dict[str, Any]], *, delta: float) -> str:
     """The ``ledger show`` table of :meth:`~ray_dptune.records.ledger.PrivacyLedger.dataset_summary`: a row per dataset."""
     cells = [("dataset", "searches", "charged attempts", "release ε", "release δ", "ε total")]

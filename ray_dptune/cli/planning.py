@@ -28,7 +28,13 @@ import numpy as np
 
 from ray_dptune import validate
 from ray_dptune.accounting import RDPCurve, gaussian_profile, repeat_and_select, subsampled_gaussian_profile
-from ray_dptune.accounting.bookkeeping.calibrate import calibrate_noise_multiplier, search_epsilon
+from ray_dptune.accounting.bookkeeping.calibrate import (
+    calibrate_noise_multiplier,
+    calibrate_subsampled_tuning,
+    one_run_noise_multiplier,
+    search_epsilon,
+)
+from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend, sampling_schedule
 from ray_dptune.accounting.bounds.distributions import (
     Geometric,
@@ -39,6 +45,7 @@ from ray_dptune.accounting.bounds.distributions import (
     TruncatedNegativeBinomial,
 )
 from ray_dptune.accounting.curves.profiles import DeltaProfile
+from ray_dptune.tuning_sample import planned_sample_size
 
 __all__ = [
     "DEFAULT_LAWS",
@@ -365,4 +372,70 @@ def calibration(
         "epsilon_trial": search_epsilon(plan, law=PointMass(1), delta=delta),
         "noise_multiplier_one_run": one_run,
         "noise_ratio": sigma / one_run,
+    }
+
+
+def subsampled_calibration(
+    schedule: TrialSchedule,
+    law: RunCountDistribution,
+    *,
+    epsilon: float,
+    delta: float,
+    tuning_fraction: float,
+    final_noise_overhead: float = 0.1,
+    retries: int = 0,
+) -> dict[str, Any]:
+    """σ_T and σ_B of a search on a Poisson sample of rate ``tuning_fraction``, then one run on all the data.
+
+    The split is :func:`~ray_dptune.accounting.bookkeeping.calibrate.calibrate_subsampled_tuning`'s;
+    the whole procedure's ε is the account's. Beside it, the σ an ordinary search of the same law
+    needs on all the data (:func:`calibration`), and the DP-SGD steps each search takes on average.
+
+    Raises:
+        ValueError: a schedule without its training form (the sample's planned size needs N, B and E).
+        PrivacyError: no split meets the target.
+    """
+    if schedule.dataset_size is None or schedule.batch_size is None or schedule.epochs is None:
+        raise ValueError(
+            "--tuning-fraction plans the trials on the sample: give --dataset-size, --batch-size and --epochs"
+        )
+    tuning_schedule = TrialSchedule.from_training(
+        dataset_size=planned_sample_size(tuning_fraction, schedule.dataset_size),
+        batch_size=schedule.batch_size,
+        epochs=schedule.epochs,
+    )
+    sigma_tuning, sigma_final = calibrate_subsampled_tuning(
+        lambda sigma: tuning_schedule.plan(noise_multiplier=sigma),
+        lambda sigma: schedule.plan(noise_multiplier=sigma),
+        epsilon=epsilon,
+        delta=delta,
+        law=law,
+        sample_rate=tuning_fraction,
+        final_noise_overhead=final_noise_overhead,
+        retries=retries,
+    )
+    mechanism = SearchMechanism.subsampled_tuning(
+        law=law, num_trials=1, sample_rate=tuning_fraction, final_plan=schedule.plan(noise_multiplier=sigma_final)
+    )
+    ordinary = calibration(schedule, law, epsilon=epsilon, delta=delta, retries=retries)
+    return {
+        "epsilon_target": epsilon,
+        "delta": delta,
+        "retries": retries,
+        "tuning_fraction": tuning_fraction,
+        "final_noise_overhead": final_noise_overhead,
+        "law": {**law.to_dict(), "mean": law.mean},
+        "schedule": dataclasses.asdict(schedule),
+        "tuning_schedule": dataclasses.asdict(tuning_schedule),
+        "noise_multiplier_tuning": sigma_tuning,
+        "noise_multiplier_final": sigma_final,
+        "epsilon_search": search_epsilon(
+            tuning_schedule.plan(noise_multiplier=sigma_tuning), delta=delta, mechanism=mechanism, retries=retries
+        ),
+        "noise_multiplier_ordinary_search": ordinary["noise_multiplier"],
+        "noise_multiplier_one_run": one_run_noise_multiplier(
+            lambda sigma: schedule.plan(noise_multiplier=sigma), epsilon=epsilon, delta=delta
+        ),
+        "steps_per_search": law.mean * tuning_schedule.steps + schedule.steps,
+        "steps_per_ordinary_search": law.mean * schedule.steps,
     }

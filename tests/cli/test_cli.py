@@ -283,6 +283,29 @@ def test_calibrate_retries_reserve_headroom(capsys: pytest.CaptureFixture[str]) 
 
 
 @pytest.mark.slow
+def test_calibrate_splits_a_subsampled_tuning_s_budget_as_private_tuner_does(capsys: pytest.CaptureFixture[str]) -> None:
+    from ray_dptune.training import digits_cnn, digits_data, dp_trainable
+
+    report = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_TRAINING_ARGS, "--tuning-fraction", "0.1")
+    trainable = dp_trainable(digits_cnn, digits_data, batch_size=64, epochs=9)
+    tuning = trainable.privacy_plan({"noise_multiplier": report["noise_multiplier_tuning"]}, dataset_size=144)
+    assert (report["tuning_schedule"]["sample_rate"], report["tuning_schedule"]["steps"]) == (
+        tuning.sample_rate,
+        tuning.steps,
+    )
+    final = digits_plan(report["noise_multiplier_final"])
+    whole = SearchMechanism.subsampled_tuning(law=Poisson(8), num_trials=1, sample_rate=0.1, final_plan=final)
+    stated = SearchAccount(whole, delta=1e-5, plan=tuning.to_dict()).guarantee().epsilon
+    assert stated == report["epsilon_search"] and 0.99 * 3.0 < stated <= 3.0
+    assert report["noise_multiplier_final"] <= 1.1 * report["noise_multiplier_one_run"] * 1.001
+    assert report["noise_multiplier_final"] < report["noise_multiplier_ordinary_search"]
+    assert report["steps_per_search"] < 0.25 * report["steps_per_ordinary_search"]
+    with pytest.raises(SystemExit):
+        main(["calibrate", *TARGET_ARGS, *DIGITS_RATE_ARGS, "--tuning-fraction", "0.1"])
+    assert "--dataset-size, --batch-size and --epochs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_calibrate_training_form_is_dp_trainable_s_schedule(capsys: pytest.CaptureFixture[str]) -> None:
     from ray_dptune.training.plan import PrivacyParams, trial_plan
 

@@ -12,7 +12,13 @@ from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.accounting.bounds.distributions import RunCountDistribution
 from ray_dptune.errors import PrivacyError
 
-__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "calibrate_subsampled_tuning", "search_epsilon"]
+__all__ = [
+    "MAX_NOISE_MULTIPLIER",
+    "calibrate_noise_multiplier",
+    "calibrate_subsampled_tuning",
+    "one_run_noise_multiplier",
+    "search_epsilon",
+]
 
 MAX_NOISE_MULTIPLIER = 1e4
 """The largest σ the calibration tries before it declares the budget out of reach."""
@@ -165,12 +171,10 @@ def calibrate_subsampled_tuning(
         nearest[0] = points.index(around[best])
         return values[best]
 
-    def alone(sigma: float) -> float:
-        pld = dpsgd_run_pld(final_plan_for(sigma))
-        return float(pld.get_epsilon_for_delta(delta))
-
-    reach = f"One final run alone cannot meet ε = {epsilon} at δ = {delta} with σ up to {MAX_NOISE_MULTIPLIER:g}."
-    sigma_final = (1.0 + final_noise_overhead) * _least_noise(alone, epsilon=epsilon, rtol=rtol, out_of_reach=reach)
+    reach = f"No final run σ meets ε = {epsilon} at δ = {delta} beside this tuning."
+    sigma_final = (1.0 + final_noise_overhead) * one_run_noise_multiplier(
+        final_plan_for, epsilon=epsilon, delta=delta, rtol=rtol
+    )
     final = dpsgd_run_pld(final_plan_for(sigma_final))
     first = tuning_points(1.0)
     nearest[0] = min(
@@ -191,6 +195,30 @@ def calibrate_subsampled_tuning(
         out_of_reach=reach,
     )
     return sigma_tuning, sigma_final
+
+
+def one_run_noise_multiplier(
+    plan_for: Callable[[float], TrialSpend], *, epsilon: float, delta: float, rtol: float = 1e-3
+) -> float:
+    """The smallest σ (to ``rtol``) at which one DP-SGD run of ``plan_for(σ)``, untuned, meets (``epsilon``, ``delta``).
+
+    Read from the run's pessimistic privacy loss distribution (dp_accounting), the yardstick of
+    :func:`calibrate_subsampled_tuning`'s split.
+
+    Raises:
+        PrivacyError: no σ up to MAX_NOISE_MULTIPLIER meets it.
+    """
+    from ray_dptune.accounting.bounds.subsampled_tuning import dpsgd_run_pld
+
+    def alone(sigma: float) -> float:
+        return float(dpsgd_run_pld(plan_for(sigma)).get_epsilon_for_delta(delta))
+
+    return _least_noise(
+        alone,
+        epsilon=epsilon,
+        rtol=rtol,
+        out_of_reach=f"One run alone cannot meet ε = {epsilon} at δ = {delta} with σ up to {MAX_NOISE_MULTIPLIER:g}.",
+    )
 
 
 def _least_noise(spent: Callable[[float], float], *, epsilon: float, rtol: float, out_of_reach: str) -> float:
