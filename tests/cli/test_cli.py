@@ -283,7 +283,9 @@ def test_calibrate_retries_reserve_headroom(capsys: pytest.CaptureFixture[str]) 
 
 
 @pytest.mark.slow
-def test_calibrate_splits_a_subsampled_tuning_s_budget_as_private_tuner_does(capsys: pytest.CaptureFixture[str]) -> None:
+def test_calibrate_splits_a_subsampled_tuning_s_budget_as_private_tuner_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from ray_dptune.training import digits_cnn, digits_data, dp_trainable
 
     report = calibrate_json(capsys, *TARGET_ARGS, *DIGITS_TRAINING_ARGS, "--tuning-fraction", "0.1")
