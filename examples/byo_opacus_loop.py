@@ -1,15 +1,18 @@
 """Bring your own Opacus loop: a plain PrivacyEngine training function in a private Tune search.
 
 The training function below is what an Opacus user already has (model, data, loss,
-optimizer, ``PrivacyEngine.make_private``) on scikit-learn's breast-cancer data. Three
-lines make it accountable (marked ``# ray_dptune``): the import, ``OpacusSpend`` built
-from the engine, and its ``report()`` merged into every ``tune.report``. The steps,
-noise and sample rate it reports are read from Opacus's own accountant history.
+optimizer, ``PrivacyEngine.make_private``) on scikit-learn's breast-cancer data. Four
+lines make it accountable (marked ``# ray_dptune``): the import, the loader from
+``tuning_loader`` (your ``DataLoader``, or a subsampled search's tuning sample),
+``OpacusSpend`` built from the engine, and its ``report()`` merged into every
+``tune.report``. The steps, noise and sample rate it reports are read from Opacus's own
+accountant history.
 
 Run it (a local Ray starts on the spot; ~1 minute on 2 cores):
 
     .venv/bin/python examples/byo_opacus_loop.py                    # tune.Tuner via private_tuner
     .venv/bin/python examples/byo_opacus_loop.py --legacy-tune-run  # tune.run + ConcurrencyLimiter
+    .venv/bin/python examples/byo_opacus_loop.py --tuning-fraction 0.3  # tune on a sample, train once
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from opacus import PrivacyEngine
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from ray_dptune import (
     Poisson,
@@ -33,7 +36,7 @@ from ray_dptune import (
     private_tuner,
     release_best,
 )
-from ray_dptune.training import OpacusSpend, opacus_plan  # ray_dptune
+from ray_dptune.training import OpacusSpend, opacus_plan, tuning_loader  # ray_dptune
 
 BATCH_SIZE, EPOCHS = 32, 5
 SPACE = {"lr": tune.loguniform(0.01, 1.0), "max_grad_norm": tune.loguniform(0.1, 10.0)}
@@ -68,7 +71,7 @@ def train_breast_cancer(config: dict) -> None:
     model, optimizer, loader = engine.make_private(
         module=model,
         optimizer=optimizer,
-        data_loader=DataLoader(train, batch_size=BATCH_SIZE),
+        data_loader=tuning_loader(train, config, batch_size=BATCH_SIZE),  # ray_dptune
         noise_multiplier=config["noise_multiplier"],
         max_grad_norm=config["max_grad_norm"],
     )
@@ -95,6 +98,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mean", type=float, default=4.0, help="E[K], the expected number of trials (default 4)")
     parser.add_argument("--seed", type=int, default=None, help="seed K and the configs (default: secure)")
     parser.add_argument("--legacy-tune-run", action="store_true", help="use tune.run + ConcurrencyLimiter")
+    parser.add_argument(
+        "--tuning-fraction", type=float, default=None, help="tune on a Poisson sample of this share, then train once"
+    )
     return parser.parse_args(argv)
 
 
@@ -121,6 +127,21 @@ def main(argv: list[str] | None = None) -> int:
                 name="byo_opacus",
                 verbose=0,
             )
+        elif args.tuning_fraction is not None:  # the tuning trials train on a sample; the final one is released
+            tuner = private_tuner(
+                train_breast_cancer,
+                param_space=SPACE,
+                epsilon=args.epsilon,
+                delta=args.delta,
+                law=searcher.distribution,
+                metric="val_acc",
+                mode="max",
+                plan_for=plan_for,
+                tuning_fraction=args.tuning_fraction,
+                tune_config=tune.TuneConfig(max_concurrent_trials=2),
+                run_config=tune.RunConfig(name="byo_opacus", storage_path=scratch, verbose=0),
+            )
+            results = tuner.fit()
         else:
             tuner = private_tuner(
                 train_breast_cancer,
@@ -134,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             results = tuner.fit()
         released = release_best(results)
-        print(f"\nTrials run: K = {searcher.num_trials}; released val_acc = {released.score}")
+        print(f"\nTrials run: {len(results)}; released val_acc = {released.score}")
         print(f"Guarantee for the whole search: (ε = {released.guarantee['epsilon']:.3f}, δ = {args.delta:g})")
     return 0
 

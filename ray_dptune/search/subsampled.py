@@ -13,6 +13,7 @@ loss distribution (:mod:`~ray_dptune.accounting.bounds.subsampled_tuning`).
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ from ray_dptune import validate
 from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.accounting.bounds.distributions import RunCountDistribution
-from ray_dptune.result_keys import NOISE_KEY, SAMPLE_KEY
+from ray_dptune.result_keys import NOISE_KEY, SAMPLE_KEY, SEARCH_PLAN_KEY
 from ray_dptune.search.base import RunCountSearcher
 from ray_dptune.search.space import sample_config
 from ray_dptune.tuning_sample import TuningSample
@@ -176,6 +177,8 @@ class SubsampledTuningSearcher(RunCountSearcher):
             return None  # tuning trials still running
         best = self._best_tuning_config()
         config = self._extrapolation.final_config(best, noise_multiplier=self._final_plan.noise_multiplier)
+        if SEARCH_PLAN_KEY in self._space:  # a loop of your own checks its loader against the final run's plan
+            config[SEARCH_PLAN_KEY] = json.dumps(self._final_plan.to_dict())
         self._final_trial_id = trial_id
         logger.info("Subsampled tuning: final trial %s trains on all the data.", trial_id)
         return config, "final"

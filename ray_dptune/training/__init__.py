@@ -25,7 +25,7 @@ from ray_dptune.training.clipping import ClippingMode
 from ray_dptune.training.data import digits_data
 from ray_dptune.training.loop import Report, train, train_step
 from ray_dptune.training.models import digits_cnn
-from ray_dptune.training.opacus_spend import OpacusSpend, opacus_plan
+from ray_dptune.training.opacus_spend import OpacusPlan, OpacusSpend, opacus_plan, tuning_loader
 from ray_dptune.training.oso import OSODPOptimizer
 from ray_dptune.training.partition import Partition
 from ray_dptune.training.plan import PRIVACY_KEYS, PrivacyParams, space_plan, trial_plan
@@ -47,6 +47,7 @@ __all__ = [
     "GradSampleMode",
     "Hyperparameters",
     "OSODPOptimizer",
+    "OpacusPlan",
     "OpacusSpend",
     "OptimizerName",
     "Partition",
@@ -67,5 +68,6 @@ __all__ = [
     "train",
     "train_step",
     "trial_plan",
+    "tuning_loader",
     "tuning_sample_indices",
 ]

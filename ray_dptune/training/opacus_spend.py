@@ -33,21 +33,25 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping, Sized
+from dataclasses import dataclass
+from typing import Any, cast
 
+import torch
 from opacus.accountants import IAccountant
 from opacus.data_loader import DPDataLoader
 from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
 from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from ray_dptune import validate
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend, describe_excess, parse_report, report_covers
 from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError, RefusedBeforeTraining
 from ray_dptune.result_keys import PLAN_KEY, SEARCH_PLAN_KEY, SPENT_KEY
+from ray_dptune.tuning_sample import TuningSample, planned_sample_size
 
-__all__ = ["OpacusSpend", "opacus_plan"]
+__all__ = ["OpacusPlan", "OpacusSpend", "opacus_plan", "tuning_loader"]
 
 _POISSON_SAMPLERS = (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
 
@@ -156,21 +160,70 @@ class OpacusSpend:
         return {PLAN_KEY: self._plan.to_dict(), SPENT_KEY: self.spent().to_dict()}
 
 
-def opacus_plan(*, dataset_size: int, batch_size: int, epochs: int) -> Callable[[float], TrialSpend]:
-    """σ → the plan :class:`OpacusSpend` reports for ``make_private`` on a ``DataLoader(batch_size=...)``.
+@dataclass(frozen=True)
+class OpacusPlan:
+    """σ → the plan :class:`OpacusSpend` reports for ``make_private`` on a ``DataLoader(batch_size=...)`` of n records.
 
     Mirrors ``PrivacyEngine.make_private``: the loader becomes Poisson batches at rate
     1/len(loader) = 1/⌈n/B⌉ (``DPDataLoader.from_data_loader``), whose sampler runs
     len(sampler) batches an epoch, and the accountant's q is 1/len(sampler). The same
     holds per worker with ``distributed=True`` (q is the global batch's rate).
+    Build it with :func:`opacus_plan`.
+    """
+
+    dataset_size: int
+    batch_size: int
+    epochs: int
+
+    def __post_init__(self) -> None:
+        validate.positive_int("dataset_size", self.dataset_size)
+        validate.positive_int("batch_size", self.batch_size, maximum=self.dataset_size)
+        validate.integer("epochs", self.epochs)
+
+    @property
+    def batches(self) -> int:
+        """Batches an epoch (the sampler's length): 1/q."""
+        loader_batches = math.ceil(self.dataset_size / self.batch_size)
+        return len(UniformWithReplacementSampler(num_samples=self.dataset_size, sample_rate=1.0 / loader_batches))
+
+    def __call__(self, noise_multiplier: float) -> TrialSpend:
+        """The plan at ``noise_multiplier``."""
+        batches = self.batches
+        return TrialSpend(sample_rate=1.0 / batches, noise_multiplier=noise_multiplier, steps=self.epochs * batches)
+
+    def on_sample(self, fraction: float) -> OpacusPlan:
+        """The plan of the same loop on a tuning sample of rate ``fraction``: n is its public planned size.
+
+        The loop reads its loader from :func:`tuning_loader`, whose q is this plan's, whatever the
+        sample's realised size.
+        """
+        return OpacusPlan(planned_sample_size(fraction, self.dataset_size), self.batch_size, self.epochs)
+
+
+def opacus_plan(*, dataset_size: int, batch_size: int, epochs: int) -> OpacusPlan:
+    """σ → the plan :class:`OpacusSpend` reports for ``make_private`` on a ``DataLoader(batch_size=...)`` (:class:`OpacusPlan`).
+
     For :func:`~ray_dptune.private_tuner`'s ``plan_for=`` and ``calibrate_noise_multiplier``.
     """
-    n = validate.positive_int("dataset_size", dataset_size)
-    loader_batches = math.ceil(n / validate.positive_int("batch_size", batch_size, maximum=n))
-    batches = len(UniformWithReplacementSampler(num_samples=n, sample_rate=1.0 / loader_batches))
-    steps = validate.integer("epochs", epochs) * batches
+    return OpacusPlan(dataset_size, batch_size, epochs)
 
-    def plan_for(noise_multiplier: float) -> TrialSpend:
-        return TrialSpend(sample_rate=1.0 / batches, noise_multiplier=noise_multiplier, steps=steps)
 
-    return plan_for
+def tuning_loader(
+    train_set: Dataset[Any], config: Mapping[str, Any], *, batch_size: int, generator: torch.Generator | None = None
+) -> DataLoader[Any]:
+    """The loader to give ``make_private``: the tuning sample's in a subsampled search's tuning trial, else the usual one.
+
+    In a trial with ``config["dp_tuning_sample"]`` it is Poisson batches over the sample's records
+    at q = 1/⌈m/B⌉, m the sample's public planned size (:meth:`OpacusPlan.on_sample`): a rate fixed
+    before the sample is drawn, never read from its realised size. Otherwise (the final run, any
+    other search) ``DataLoader(train_set, batch_size=batch_size)``, which ``make_private`` turns
+    into Poisson batches at 1/⌈n/B⌉.
+    """
+    sample = TuningSample.from_config(config)
+    if sample is None:
+        return DataLoader(train_set, batch_size=batch_size, generator=generator)
+    size = len(cast(Sized, train_set))
+    plan = OpacusPlan(size, batch_size, 1).on_sample(sample.fraction)
+    subset = Subset(train_set, sample.indices(size).tolist())
+    loader: DataLoader[Any] = DPDataLoader(subset, sample_rate=1.0 / plan.batches, generator=generator)
+    return loader

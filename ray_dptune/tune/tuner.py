@@ -191,9 +191,10 @@ def private_tuner(
         sigma = calibrate_noise_multiplier(
             plan_for, epsilon=epsilon, delta=delta, mechanism=mechanism, generic=generic, retries=retries
         )
-    else:  # the split is calibrated with the searcher: σ here is the tuning trials'
-        sigma = subsampled.tuning_noise_multiplier
-    plan = plan_for(sigma)
+        plan = plan_for(sigma)
+    else:  # the split is calibrated with the searcher: σ and the plan here are the tuning trials'
+        plan = subsampled.tuning_plan
+        sigma = plan.noise_multiplier
     spent = search_epsilon(plan, delta=delta, mechanism=mechanism, generic=generic, retries=retries)
     if spent > epsilon:  # calibrate returns the safe end; this is the account's own word on it
         raise PrivacyError(f"The calibrated search spends ε = {spent:.6g} > {epsilon}: refusing to run it.")
@@ -239,7 +240,7 @@ def private_tuner(
 @dataclasses.dataclass(frozen=True)
 class _SubsampledSearch:
     searcher: SubsampledTuningSearcher
-    tuning_noise_multiplier: float
+    tuning_plan: TrialSpend
     final_noise_multiplier: float
 
 
@@ -265,27 +266,42 @@ def _subsampled_search(
         raise ValueError(
             "tuning_fraction= tunes by a random count on the sample: give law= (e.g. Poisson(mean=8)), not searcher=."
         )
-    if plan_for is not None or not hasattr(trainable, "privacy_plan"):
-        raise ValueError(
-            "tuning_fraction= needs a ray_dptune.training.dp_trainable: it plans the trials on the sample and the final "
-            "run on all the data (a loop of your own reads the sample with tuning_sample_indices, but is not planned here)."
-        )
     if audit is not None:
         raise ValueError("A canary audit covers a search over the whole training set, not a tuning on a sample.")
     fraction = validate.in_range("tuning_fraction", tuning_fraction, 0.0, 1.0, open_left=True, open_right=True)
     for key in (NOISE_KEY, SAMPLE_KEY):
         if key in param_space:
             raise ValueError(f"param_space must not set {key!r}: private_tuner sets it.")
-    size = trainable.dataset_size(param_space)
+    if plan_for is not None:  # a loop of your own: its loader comes from tuning_loader, planned by opacus_plan
+        from ray_dptune.training.opacus_spend import OpacusPlan  # imported here: it needs torch and Opacus
 
-    def tuning_plan(sigma: float) -> TrialSpend:
-        plan: TrialSpend = trainable.privacy_plan(
-            {**param_space, NOISE_KEY: sigma}, dataset_size=planned_sample_size(fraction, size)
+        if not isinstance(plan_for, OpacusPlan):
+            raise ValueError(
+                "tuning_fraction= with a loop of your own plans it with plan_for=ray_dptune.training.opacus_plan(...) "
+                "(the trials on the sample take their loader from ray_dptune.training.tuning_loader)."
+            )
+        tuning_plan: Callable[[float], TrialSpend] = plan_for.on_sample(fraction)
+        planned: Callable[[float], TrialSpend] = plan_for
+    elif hasattr(trainable, "privacy_plan") and hasattr(trainable, "dataset_size"):
+        size = trainable.dataset_size(param_space)
+        sample_size = planned_sample_size(fraction, size)
+
+        def tuning_plan(sigma: float) -> TrialSpend:
+            plan: TrialSpend = trainable.privacy_plan({**param_space, NOISE_KEY: sigma}, dataset_size=sample_size)
+            return plan
+
+        def planned(sigma: float) -> TrialSpend:
+            plan: TrialSpend = trainable.privacy_plan({**param_space, NOISE_KEY: sigma}, dataset_size=size)
+            return plan
+
+    else:
+        raise TypeError(
+            f"trainable {type(trainable).__name__} is not a ray_dptune.training.dp_trainable: pass "
+            "plan_for=ray_dptune.training.opacus_plan(...) for a loop of your own."
         )
-        return plan
 
     def final_plan(sigma: float) -> TrialSpend:
-        plan: TrialSpend = trainable.privacy_plan({**param_space, NOISE_KEY: sigma}, dataset_size=size)
+        plan = planned(sigma)
         if plan.score_releases:
             raise ValueError(
                 "tuning_fraction= releases the final run's model only: score on a public validation set "
@@ -312,7 +328,7 @@ def _subsampled_search(
         metric=metric,
         mode=mode,
     )
-    return _SubsampledSearch(searcher, sigma_tuning, sigma_final)
+    return _SubsampledSearch(searcher, tuning_plan(sigma_tuning), sigma_final)
 
 
 def _check_budget(epsilon: float, delta: float) -> None:

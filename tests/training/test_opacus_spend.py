@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from opacus import PrivacyEngine
@@ -16,8 +17,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from ray_dptune import PrivacyError, RefusedBeforeTraining, TrialSpend
 from ray_dptune.accounting import RDPCurve
 from ray_dptune.accounting.bookkeeping.spend import report_covers
-from ray_dptune.result_keys import PLAN_KEY, SEARCH_PLAN_KEY, SPENT_KEY
-from ray_dptune.training import OpacusSpend, opacus_plan
+from ray_dptune.result_keys import PLAN_KEY, SAMPLE_KEY, SEARCH_PLAN_KEY, SPENT_KEY
+from ray_dptune.training import OpacusSpend, opacus_plan, tuning_loader
 
 DELTA = 1e-5
 N, FEATURES, BATCH = 200, 5, 16
@@ -194,6 +195,57 @@ def test_the_byo_example_runs_a_private_search_within_budget(ray_session, tmp_pa
     assert released.score == max(result.metrics["val_acc"] for result in results)
     shown = repr(released)  # a short summary, not the guarantee's curve of hundreds of orders
     assert f"ε={released.guarantee['epsilon']:.4g}, δ=1e-05" in shown and "orders" not in shown and len(shown) < 400
+
+
+def test_the_byo_example_tunes_on_a_sample_and_trains_once_on_all_the_data(ray_session, tmp_path):
+    """The same loop, tuning_fraction=: the tuning trials ran the sample's plan, the final one the full plan."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "examples"))
+    import byo_opacus_loop as example
+    from ray import cloudpickle, tune
+
+    cloudpickle.register_pickle_by_value(example)
+
+    from ray_dptune import PointMass, private_tuner, release_best
+
+    plan_for = opacus_plan(dataset_size=example.TRAIN_SIZE, batch_size=example.BATCH_SIZE, epochs=example.EPOCHS)
+    tuner = private_tuner(
+        example.train_breast_cancer,
+        param_space=example.SPACE,
+        epsilon=3.0,
+        delta=DELTA,
+        law=PointMass(2),
+        metric="val_acc",
+        mode="max",
+        plan_for=plan_for,
+        tuning_fraction=0.3,
+        run_config=tune.RunConfig(name="byo_sample", storage_path=str(tmp_path), verbose=0),
+        verbose=False,
+    )
+    results = tuner.fit()
+    tuning = [result for result in results if SAMPLE_KEY in result.config]
+    (final,) = [result for result in results if SAMPLE_KEY not in result.config]
+    assert len(tuning) == 2 and all(result.error is None for result in results)
+    on_sample = plan_for.on_sample(0.3)
+    for result in tuning:  # every planned step ran, at the sample's planned q
+        assert TrialSpend.from_dict(result.metrics[SPENT_KEY]) == on_sample(result.config["noise_multiplier"])
+    assert TrialSpend.from_dict(final.metrics[SPENT_KEY]) == plan_for(final.config["noise_multiplier"])
+    released = release_best(results)
+    assert released.config["lr"] == max(tuning, key=lambda result: result.metrics["val_acc"]).config["lr"]
+    assert released.guarantee["epsilon"] <= 3.0 and SAMPLE_KEY not in released.config
+
+
+def test_the_tuning_loader_samples_at_the_planned_rate_whatever_the_sample_s_size():
+    from ray_dptune.tuning_sample import TuningSample
+
+    train = TensorDataset(torch.zeros(455, 3), torch.zeros(455, dtype=torch.long))
+    plan = opacus_plan(dataset_size=455, batch_size=32, epochs=1)
+    for seed in range(20):
+        sample = TuningSample.draw(0.3, rng=np.random.default_rng(seed))
+        loader = tuning_loader(train, {SAMPLE_KEY: sample.to_config()}, batch_size=32)
+        assert loader.sample_rate == plan.on_sample(0.3)(1.0).sample_rate  # from m = 136, not the realised size
+        assert len(loader.dataset) == len(sample.indices(455))
+    plain = tuning_loader(train, {"lr": 0.1}, batch_size=32)
+    assert type(plain) is DataLoader and plain.batch_size == 32 and len(plain.dataset) == 455
 
 
 def test_a_loop_planned_on_train_plus_validation_is_refused_before_any_step_and_spends_nothing(ray_session, tmp_path):
