@@ -75,7 +75,11 @@ def test_a_subsampled_search_releases_one_run_on_all_the_data_and_keeps_the_samp
     ("kwargs", "error", "message"),
     [
         ({"searcher": DPHyPOSearcher(PointMass(2), upper=1.5, lower=0.75)}, ValueError, "give law="),
-        ({"plan_for": opacus_plan(dataset_size=1437, batch_size=64, epochs=1)}, ValueError, "dp_trainable"),
+        (
+            {"plan_for": lambda sigma: opacus_plan(dataset_size=1437, batch_size=64, epochs=1)(sigma)},
+            ValueError,
+            "opacus_plan",
+        ),
         ({"tuning_fraction": 1.0}, ValueError, "tuning_fraction"),
         ({"trainable": trainable(score_noise_multiplier=50.0)}, ValueError, "public validation set"),
     ],
