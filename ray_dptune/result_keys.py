@@ -46,5 +46,5 @@ AUDIT_KEY = "dp_audit"
 """In an audited trial's last report: its canary counts (an :class:`~ray_dptune.audit.counts.AuditCounts` dict)."""
 
 SAMPLE_KEY = "dp_tuning_sample"
-"""Config key of a subsampled tuning's trial: ``{"seed": hex, "fraction": p}``, the secret Poisson sample it trains on
-(:class:`~ray_dptune.tuning_sample.TuningSample`); absent in the final run on all the data."""
+"""Config key of a subsampled tuning's trial: ``{"sample_id": str, "fraction": p}``, the secret Poisson sample it trains
+on (:class:`~ray_dptune.tuning_sample.TuningSample`; the seed is never in a config); absent in the final run."""

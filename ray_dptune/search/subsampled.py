@@ -61,9 +61,11 @@ class Extrapolation:
 class SubsampledTuningSearcher(RunCountSearcher):
     """K ~ ``distribution`` trials on a secret Poisson sample of rate ``tuning_fraction``, then one final trial.
 
-    The sample's 128-bit seed comes from the OS's secure source (or ``seed``, for tests) and
-    goes into every tuning trial's config; the privacy report withholds it and the final
-    trial's config does not carry it. After the K tuning trials end, the best (by ``metric``
+    The sample's 128-bit seed comes from the OS's secure source (or ``seed``, for tests); the
+    tuning trials' configs carry the sample's id and fraction, and read the seed from this
+    driver (:meth:`~ray_dptune.tuning_sample.TuningSample.keep`), so no config, log or folder
+    name holds it; the searcher's saved state does, and ``release_best(..., purge=True)``
+    deletes it. After the K tuning trials end, the best (by ``metric``
     and ``mode``; a failed trial ranks last) is extrapolated (:class:`Extrapolation`) and
     trained on all the data at ``final_noise_multiplier``: the released trial. K = 0, or no
     tuning trial with a score, trains a configuration drawn from the space, independent of
@@ -90,9 +92,10 @@ class SubsampledTuningSearcher(RunCountSearcher):
     )
     coverage = (
         "The guarantee covers the released output only: the final trial's configuration, score and "
-        "checkpoint, as returned by ray_dptune.release_best. The tuning trials' models, scores and the "
-        "sample's seed, which Ray keeps on disk, are not covered (release_best(..., purge=True) deletes "
-        "the trials' folders)."
+        "checkpoint, as returned by ray_dptune.release_best. The tuning trials' models and scores, which Ray "
+        "keeps on disk, are not covered (release_best(..., purge=True) deletes the trials' folders). The "
+        "sample's seed is part of the mechanism's secret randomness: it is never in a config, and the "
+        "searcher's saved state that holds it is deleted by the purge."
     )
 
     def __init__(
@@ -140,6 +143,12 @@ class SubsampledTuningSearcher(RunCountSearcher):
         """p, each record's chance to be in the tuning sample."""
         return self._sample.fraction
 
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
+        """Tune's metric, mode and space; a space that sets the tuning sample is refused (the searcher draws it)."""
+        if config and SAMPLE_KEY in config:
+            raise ValueError(f"param_space must not set {SAMPLE_KEY!r}: the searcher draws the tuning sample.")
+        return super().set_search_properties(metric, mode, config, **spec)
+
     def final_trial(self, config: Mapping[str, Any]) -> bool:
         """True for the final trial: the one config without a tuning sample."""
         return SAMPLE_KEY not in config
@@ -159,7 +168,9 @@ class SubsampledTuningSearcher(RunCountSearcher):
             "tuning_fraction": self._sample.fraction,
             "final_plan": self._final_plan.to_dict(),
             "learning_rate_scale": self._extrapolation.learning_rate_scale,
-            "seed": "secure (operating system)" if self._seed is None else self._seed,
+            "seed": "secure (operating system)"
+            if self._seed is None
+            else "set by the operator (withheld: it names the sample)",
         }
         if self._final_trial_id is not None:
             details["released_trial_id"] = self._final_trial_id
@@ -171,6 +182,7 @@ class SubsampledTuningSearcher(RunCountSearcher):
     def _propose(self, trial_id: str) -> tuple[dict[str, Any], Any] | None:
         assert self._space is not None  # suggest() refuses to propose without a space
         if len(self._suggested) < self._tuning_trials:
+            self._sample.keep()  # the trials read the seed from the driver, never from their config
             config = {**sample_config(self._space, self._rng), SAMPLE_KEY: self._sample.to_config()}
             return config, config
         if len(self._scores) < self._tuning_trials:
@@ -209,7 +221,11 @@ class SubsampledTuningSearcher(RunCountSearcher):
             **super()._extra_state(),
             "tuning_trials": self._tuning_trials,
             "final_plan": self._final_plan.to_dict(),
-            "sample": self._sample.to_config(),
+            "sample": {
+                "seed": self._sample.seed,
+                "fraction": self._sample.fraction,
+                "sample_id": self._sample.sample_id,
+            },
             "learning_rate_scale": self._extrapolation.learning_rate_scale,
             "learning_rate_key": self._extrapolation.learning_rate_key,
             "scores": self._scores,
@@ -220,7 +236,7 @@ class SubsampledTuningSearcher(RunCountSearcher):
         super()._restore_extra(state)
         self._tuning_trials = int(state["tuning_trials"])
         self._final_plan = TrialSpend.from_dict(state["final_plan"])
-        self._sample = TuningSample(state["sample"]["seed"], state["sample"]["fraction"])
+        self._sample = TuningSample(**state["sample"])
         self._mechanism = SearchMechanism.subsampled_tuning(
             law=self._distribution,
             num_trials=self._tuning_trials,

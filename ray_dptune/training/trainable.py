@@ -24,7 +24,7 @@ from ray_dptune.training.partition import Partition, part_sizes
 from ray_dptune.training.plan import PrivacyParams, candidates, describe_plans, dominant_plan, space_plan
 from ray_dptune.training.spec import DEFAULT_GRAD_SAMPLE_MODE, GradSampleMode, LossFn, OptimizerName, TrainSpec
 from ray_dptune.training.state import TrainState
-from ray_dptune.tuning_sample import TuningSample
+from ray_dptune.tuning_sample import planned_sample_size, sample_fraction
 
 __all__ = ["DPTrainable", "dp_trainable"]
 
@@ -181,13 +181,13 @@ class DPTrainable:
             ValueError: the privacy parameters or parts vary so that no trial's plan
                 covers all, or a part is not private.
         """
-        sample = TuningSample.from_config(param_space)
-        if sample is not None:
+        fraction = sample_fraction(param_space)
+        if fraction is not None:
             if self.spec.audit is not None:
                 raise ValueError(f"A canary audit covers a search over the whole training set, not a {SAMPLE_KEY!r}.")
             rest = {key: value for key, value in param_space.items() if key != SAMPLE_KEY}
             size = self.dataset_size(rest) if dataset_size is None else dataset_size
-            return space_plan(rest, self.spec.privacy, sample.planned_size(size))
+            return space_plan(rest, self.spec.privacy, planned_sample_size(fraction, size))
         if PARTITION_KEY in param_space:
             if self.spec.audit is not None:
                 raise ValueError(

@@ -21,7 +21,7 @@ from ray_dptune.errors import BudgetExceededError, PrivacyError, RefusedBeforeTr
 from ray_dptune.records.journal import SearchJournal, journal_location
 from ray_dptune.records.ledger import LedgerEntry, PrivacyLedger
 from ray_dptune.records.report import PrivacyReport, searcher_report, write_search_report
-from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SAMPLE_KEY, SPENT_KEY
+from ray_dptune.result_keys import EPSILON_KEY, PLAN_KEY, SPENT_KEY
 from ray_dptune.search.base import private_searcher_of, refuse_truncation
 from ray_dptune.tune.console import end_line, progress_line
 from ray_dptune.tune.guard import (
@@ -579,8 +579,5 @@ def _plan_record(plan: TrialSpend | RDPCurve | None) -> dict[str, Any] | None:
 
 
 def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as the report keeps it; a tuning sample's seed withheld (it names every record's membership)."""
     jsonable: dict[str, Any] = json.loads(json.dumps(config, default=repr))
-    if isinstance(jsonable.get(SAMPLE_KEY), dict):
-        jsonable[SAMPLE_KEY] = {**jsonable[SAMPLE_KEY], "seed": "withheld (secret)"}
     return jsonable

@@ -32,6 +32,7 @@ __all__ = [
     "require_selection_rule",
     "running_controller",
     "stopped_by_rule",
+    "trial_folder_name",
 ]
 
 DATA_INDEPENDENT_STOP_KEYS = frozenset({"training_iteration", "time_total_s"})
@@ -270,6 +271,10 @@ def refusal_before_training(trial: Any, *, since: float | None) -> str | None:
 def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> tune.TuneConfig:
     """A ``tune.TuneConfig`` for a DP searcher: ``num_samples=-1``, a FIFO guard, no early stopping.
 
+    Trial folders are named ``{trainable}_{trial_id}`` (:func:`trial_folder_name`) unless
+    ``trial_dirname_creator`` is given: Ray's default name holds the trial's number (how many
+    trials ran before it, which a random count hides) and its config.
+
     Args:
         searcher: the DP searcher, or a ``ConcurrencyLimiter`` around it (its metric and mode
             are used when not given); other wrappers raise PrivacyError.
@@ -287,9 +292,15 @@ def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> 
             f"num_samples={num_samples} caps the number of trials; a DP searcher draws it at random and "
             "ends the search itself. Leave num_samples at -1."
         )
+    kwargs.setdefault("trial_dirname_creator", trial_folder_name)
     return tune.TuneConfig(
         search_alg=searcher,
         scheduler=scheduler or PrivacyGuardScheduler(own),
         num_samples=-1,
         **kwargs,
     )
+
+
+def trial_folder_name(trial: Any) -> str:
+    """``{trainable}_{trial_id}``: a trial's folder name with neither its number nor its config."""
+    return f"{trial.trainable_name}_{trial.trial_id}"

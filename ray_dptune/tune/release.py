@@ -101,9 +101,9 @@ def release_best(
             unreleased trials' scores and (for adaptive searchers) configurations. The
             experiment can then no longer be restored with ``Tuner.restore``; calling
             ``release_best`` on its folder again returns the same release, read back from
-            what the purge kept. Copies Ray keeps
-            outside the experiment folder (``/tmp/ray/session_*``: driver artifacts,
-            worker logs) are not touched; see the README.
+            what the purge kept. The copies of the experiment Ray staged on this machine
+            (``/tmp/ray/session_*/artifacts/*/<experiment>``) are deleted too; Ray's worker logs
+            and copies on other nodes are not touched.
 
     Raises:
         PrivacyError: no privacy report in the experiment folder (the search ran
@@ -172,6 +172,7 @@ def release_best(
         write_report(filesystem, report_path, dataclasses.replace(written, released_trial_id=trial_id, audit=audit))
     if purge:
         _purge(filesystem, experiment_path, keep, trials, report)
+        _purge_ray_staging(experiment_path, trials)
     write_statement(filesystem, f"{experiment_path}/{STATEMENT_FILE}", released.statement or {})
     return released
 
@@ -341,6 +342,40 @@ def _last_metrics(trial: Any) -> dict[str, Any]:
 
 def _trial_id(trial: Any) -> str | None:
     return getattr(trial, "trial_id", None) or _last_metrics(trial).get("trial_id")
+
+
+def _purge_ray_staging(experiment_path: str, trials: list[Any]) -> None:
+    """Deletes the copies of this experiment Ray staged on this machine (``<ray temp>/session_*/artifacts``).
+
+    Tune stages the experiment's state (the searcher's, every trial's config and results) and the
+    trials' working folders there before it syncs them to storage. A staged folder is this
+    experiment's when it bears the experiment's name and holds one of its trials' folders (named
+    with a random trial id).
+    """
+    import glob
+    import shutil
+    import tempfile
+
+    names = {posixpath.basename(path.rstrip("/")) for path in map(_trial_path, trials) if path}
+    if not names:
+        return
+    roots = {os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")}
+    try:
+        import ray
+
+        node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
+        if node is not None:  # a custom temp dir (ray.init(_temp_dir=...)) holds the running session
+            roots.add(os.path.dirname(node.get_session_dir_path()))
+    except (ImportError, AttributeError):
+        pass
+    experiment = posixpath.basename(_fs_path(experiment_path).rstrip("/"))
+    for root in roots:
+        for staged in glob.glob(
+            os.path.join(glob.escape(root), "session_*", "artifacts", "*", glob.escape(experiment))
+        ):
+            kinds = ("driver_artifacts", "working_dirs")
+            if any(os.path.isdir(os.path.join(staged, kind, name)) for kind in kinds for name in names):
+                shutil.rmtree(staged, ignore_errors=True)
 
 
 def _trial_path(trial: Any) -> str | None:

@@ -10,7 +10,7 @@ import pytest
 from ray import tune
 from ray.tune.search import Searcher
 
-from ray_dptune import PointMass, Poisson
+from ray_dptune import PointMass, Poisson, RefusedBeforeTraining
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.result_keys import NOISE_KEY, SAMPLE_KEY
 from ray_dptune.search.subsampled import Extrapolation, SubsampledTuningSearcher
@@ -50,7 +50,11 @@ def test_every_tuning_trial_trains_on_one_sample_and_the_final_one_on_all_the_da
     built.attach_recorder(records.append)
     configs = tune_all(built, [0.5, 0.9, 0.7])
     samples = {TuningSample.from_config(config).seed for config in configs.values()}
-    assert len(samples) == 1 and all(config[SAMPLE_KEY]["fraction"] == 0.1 for config in configs.values())
+    assert (
+        len(samples) == 1
+        and all(set(config[SAMPLE_KEY]) == {"sample_id", "fraction"} for config in configs.values())
+        and all(config[SAMPLE_KEY]["fraction"] == 0.1 for config in configs.values())
+    )
     final = built.suggest("final")
     assert SAMPLE_KEY not in final and final[NOISE_KEY] == 1.2 and built.final_trial(final)
     assert {key: final[key] for key in ("lr", "max_grad_norm", "epochs")} == {
@@ -112,19 +116,22 @@ def test_the_sample_is_poisson_of_rate_p_and_the_same_from_its_seed():
     n = 20_000
     indices = sample.indices(n)
     assert np.array_equal(indices, TuningSample(sample.seed, 0.1).indices(n))
+    assert str(sample.seed) not in repr(sample) and str(sample.seed) not in str(sample.to_config())
     assert abs(len(indices) - 0.1 * n) < 5 * math.sqrt(n * 0.1 * 0.9)
     other = TuningSample.draw(0.1).indices(n)
     assert len(np.intersect1d(indices, other)) < 0.02 * n  # two secret seeds: independent samples
     # each position's coin does not depend on how many records follow it
     assert np.array_equal(sample.indices(n // 2), indices[indices < n // 2])
-    assert "seed" not in repr(sample) or "<secret>" in repr(sample)
 
 
 def test_the_planned_size_comes_from_n_alone_and_a_loop_of_your_own_reads_the_sample():
     assert planned_sample_size(0.1, 1437) == 144 and planned_sample_size(0.001, 10) == 1
     sample = TuningSample.draw(0.25)
+    with pytest.raises(RefusedBeforeTraining, match="not kept"):  # no driver keeps its seed: no record is read
+        tuning_sample_indices({SAMPLE_KEY: sample.to_config()}, 400)
+    sample.keep()
     indices, planned = tuning_sample_indices({SAMPLE_KEY: sample.to_config()}, 400)
     assert planned == 100 and np.array_equal(indices, sample.indices(400))
     assert tuning_sample_indices({"lr": 0.1}, 400) is None
     with pytest.raises(ValueError, match="dp_tuning_sample"):
-        TuningSample.from_config({SAMPLE_KEY: {"seed": "zz", "fraction": 0.1}})
+        TuningSample.from_config({SAMPLE_KEY: {"seed": 12, "fraction": 0.1}})

@@ -241,6 +241,7 @@ def test_the_tuning_loader_samples_at_the_planned_rate_whatever_the_sample_s_siz
     plan = opacus_plan(dataset_size=455, batch_size=32, epochs=1)
     for seed in range(20):
         sample = TuningSample.draw(0.3, rng=np.random.default_rng(seed))
+        sample.keep()
         loader = tuning_loader(train, {SAMPLE_KEY: sample.to_config()}, batch_size=32)
         assert loader.sample_rate == plan.on_sample(0.3)(1.0).sample_rate  # from m = 136, not the realised size
         assert len(loader.dataset) == len(sample.indices(455))

@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import ray
 from ray import tune
 
 from ray_dptune import DPHyPOSearcher, PointMass, private_tuner, release_best
@@ -18,7 +19,7 @@ from ray_dptune.accounting.bookkeeping.search_mechanism import SearchMechanism
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.result_keys import NOISE_KEY, SAMPLE_KEY
 from ray_dptune.training import digits_cnn, digits_data, dp_trainable, opacus_plan
-from ray_dptune.tuning_sample import planned_sample_size
+from ray_dptune.tuning_sample import TuningSample, planned_sample_size
 
 DELTA = 1e-5
 SPACE = {"lr": tune.loguniform(0.3, 1.0), "max_grad_norm": tune.uniform(0.5, 2.0)}
@@ -30,7 +31,12 @@ def trainable(**kwargs):
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_a_subsampled_search_releases_one_run_on_all_the_data_and_keeps_the_sample_secret(tmp_path):
+def test_a_subsampled_search_releases_one_run_on_all_the_data_and_keeps_the_sample_secret(tmp_path, monkeypatch):
+    drawn = []
+    draw = TuningSample.draw.__func__
+    monkeypatch.setattr(
+        TuningSample, "draw", classmethod(lambda cls, *a, **k: drawn.append(draw(cls, *a, **k)) or drawn[-1])
+    )
     tuner = private_tuner(
         trainable(),
         param_space=SPACE,
@@ -48,8 +54,7 @@ def test_a_subsampled_search_releases_one_run_on_all_the_data_and_keeps_the_samp
         report = json.load(file)
     tuning = [result for result in results if SAMPLE_KEY in result.config]
     (final,) = [result for result in results if SAMPLE_KEY not in result.config]
-    assert len(tuning) == 2 and len({result.config[SAMPLE_KEY]["seed"] for result in tuning}) == 1
-    seed = tuning[0].config[SAMPLE_KEY]["seed"]
+    assert len(tuning) == 2 and len({result.config[SAMPLE_KEY]["sample_id"] for result in tuning}) == 1
     sigma_tuning, sigma_final = tuning[0].config[NOISE_KEY], final.config[NOISE_KEY]
     assert sigma_final < sigma_tuning
     # the tuning trials planned q on the sample's public size; the final run on all the data
@@ -58,17 +63,38 @@ def test_a_subsampled_search_releases_one_run_on_all_the_data_and_keeps_the_samp
     best = max(tuning, key=lambda result: result.metrics["val_acc"])
     assert (final.config["lr"], final.config["max_grad_norm"]) == (best.config["lr"], best.config["max_grad_norm"])
     assert report["mechanism"]["kind"] == "subsampled_tuning" and 0.97 * 3.0 < report["guarantee"]["epsilon"] <= 3.0
-    assert all(
-        trial["config"].get(SAMPLE_KEY, {}).get("seed", "withheld").startswith("withheld")
-        for trial in report["trials"].values()
-    )
+    # the seed is in no config, log, folder name or result Ray wrote; the searcher's state holds it until the purge
+    (sample,) = drawn
+    forms = _written_forms(sample.seed)
+    session = ray._private.worker._global_node.get_session_dir_path()
+    holding = _files_holding(session, forms) + _files_holding(str(tmp_path), forms)
+    saved_state = {"searcher-state", "tuner.pkl"}  # Tune's pickles of the searcher: the purge deletes them
+    assert holding and {os.path.basename(path).split("-2")[0] for path in holding} <= saved_state, holding
+    assert all(f"_{index}_" not in os.path.basename(result.path) for index in (1, 2, 3) for result in results)
     released = release_best(results, purge=True)
     assert released.trial_id == final.metrics["trial_id"] and SAMPLE_KEY not in released.config
     assert released.statement["guarantee"]["epsilon"] <= 3.0
-    for folder, _, files in os.walk(results.experiment_path):  # no record's membership stays on disk
+    assert not _files_holding(results.experiment_path, forms) and not _files_holding(session, forms)
+
+
+def _written_forms(seed: int) -> list[bytes]:
+    """The seed as text (decimal, hexadecimal) and as a pickle's little-endian bytes."""
+    return [str(seed).encode(), f"{seed:x}".encode(), seed.to_bytes((seed.bit_length() + 7) // 8, "little")]
+
+
+def _files_holding(root: str, forms: list[bytes]) -> list[str]:
+    holding = []
+    for folder, _, files in os.walk(root):
         for name in files:
-            with open(os.path.join(folder, name), "rb") as file:
-                assert seed.encode() not in file.read(), os.path.join(folder, name)
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as file:
+                    content = file.read()
+            except OSError:
+                continue
+            if any(form in content for form in forms):
+                holding.append(path)
+    return holding
 
 
 @pytest.mark.parametrize(
