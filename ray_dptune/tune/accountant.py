@@ -17,7 +17,7 @@ from ray_dptune.accounting.bookkeeping.budget import SearchBudget
 from ray_dptune.accounting.bookkeeping.guarantee import Guarantee
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend, describe_excess, read_trial_reports, report_covers
 from ray_dptune.accounting.curves.rdp import RDPCurve
-from ray_dptune.errors import BudgetExceededError, PrivacyError, RefusedBeforeTraining
+from ray_dptune.errors import BudgetExceededError, PrivacyError, RefusedBeforeTraining, UnsupportedBoundError
 from ray_dptune.records.journal import SearchJournal, journal_location
 from ray_dptune.records.ledger import LedgerEntry, PrivacyLedger
 from ray_dptune.records.report import PrivacyReport, searcher_report, write_search_report
@@ -125,6 +125,11 @@ class PrivacyAccountantCallback(Callback):
         if (ledger is None) != (dataset is None):
             raise ValueError("ledger and dataset go together: pass both (or neither).")
         releases_itself = searcher.privacy_mechanism().releases_itself
+        if ledger is not None and searcher.privacy_mechanism().has_final_run:
+            raise UnsupportedBoundError(
+                "A privacy ledger composes searches by their RDP curves; a subsampled tuning's guarantee is an (ε, δ) "
+                "from privacy loss distributions, with no curve to compose. Run it without a ledger."
+            )
         if ledger is not None and plan is None and not releases_itself:
             raise ValueError("A ledger needs plan= up front, so that every attempt is charged before it runs.")
         if target_epsilon is not None:

@@ -132,6 +132,11 @@ def private_tuner(
     metric, mode = _selection_rule(metric, mode, tune_config)
     search_alg = searcher
     subsampled = None
+    if tuning_fraction is not None and ledger is not None:
+        raise UnsupportedBoundError(
+            "A privacy ledger composes searches by their RDP curves; a subsampled tuning's guarantee is an (ε, δ) from "
+            "privacy loss distributions, with no curve to compose: run tuning_fraction= without a ledger."
+        )
     if tuning_fraction is not None:
         subsampled = _subsampled_search(
             trainable,

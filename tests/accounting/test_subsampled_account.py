@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ray_dptune import BudgetExceededError, PointMass, Poisson
+from ray_dptune import BudgetExceededError, PointMass, Poisson, PrivacyError
 from ray_dptune.accounting.bookkeeping.account import SearchAccount
 from ray_dptune.accounting.bookkeeping.budget import SearchBudget
 from ray_dptune.accounting.bookkeeping.calibrate import search_epsilon
@@ -172,3 +172,32 @@ def test_a_procedure_the_bound_does_not_cover_is_refused(kwargs, message):
     arguments = {"law": PointMass(2), "num_trials": 2, "sample_rate": 0.1, "final_plan": FINAL, **kwargs}
     with pytest.raises(ValueError, match=message):
         SearchMechanism.subsampled_tuning(**arguments)
+
+
+def test_a_tuning_plan_with_noisy_scores_is_refused_it_is_not_on_the_sample():
+    scored = TrialSpend(sample_rate=0.4, noise_multiplier=6.0, steps=20, score_noise_multiplier=2.0, score_releases=1)
+    with pytest.raises(ValueError, match="not amplified"):
+        SearchAccount(mechanism(), delta=DELTA, plan=scored.to_dict())
+
+
+def test_a_report_of_a_trial_the_account_never_saw_is_bounded_as_a_final_run():
+    whole = account()
+    run_tuning(whole)
+    whole.apply({"type": "reported", "trial_id": "stray", "spent": TUNING.to_dict()})
+    assert whole.is_final("stray")
+    widest = TrialSpend(sample_rate=TUNING.sample_rate, noise_multiplier=FINAL.noise_multiplier, steps=FINAL.steps)
+    assert whole.guarantee().epsilon == final_runs_epsilon(widest)
+
+
+def test_resuming_an_interrupted_final_run_is_priced_as_a_second_final_run():
+    whole = account()
+    run_tuning(whole)
+    whole.apply({"type": "started", "trial_id": "final", "accounted": True, "final": True})
+    whole.apply({"type": "interrupted", "trial_id": "final"})
+    budget = SearchBudget(
+        target_epsilon=whole.guarantee().epsilon, account=lambda: whole, total=lambda g: g.epsilon, scope="The search"
+    )
+    interrupted, resumed = budget.resume_epsilon()
+    assert interrupted == 1 and resumed == final_runs_epsilon(FINAL, FINAL)
+    with pytest.raises(PrivacyError, match="cannot be resumed"):
+        budget.check_resumable()

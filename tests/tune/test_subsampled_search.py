@@ -9,7 +9,7 @@ import pytest
 import ray
 from ray import tune
 
-from ray_dptune import DPHyPOSearcher, PointMass, private_tuner, release_best
+from ray_dptune import DPHyPOSearcher, PointMass, UnsupportedBoundError, private_tuner, release_best
 from ray_dptune.accounting.bookkeeping.calibrate import (
     calibrate_noise_multiplier,
     calibrate_subsampled_tuning,
@@ -107,6 +107,7 @@ def _files_holding(root: str, forms: list[bytes]) -> list[str]:
             "opacus_plan",
         ),
         ({"tuning_fraction": 1.0}, ValueError, "tuning_fraction"),
+        ({"ledger": object(), "dataset": "digits"}, UnsupportedBoundError, "without a ledger"),
         ({"trainable": trainable(score_noise_multiplier=50.0)}, ValueError, "public validation set"),
     ],
 )

@@ -178,7 +178,7 @@ class SearchAccount:
         handler(self, event)
 
     def _on_plan(self, event: Mapping[str, Any]) -> None:
-        parse_report(event["plan"])
+        self.mechanism.check_plan(parse_report(event["plan"]))
         self.plan = dict(event["plan"])
 
     def _on_restored(self, event: Mapping[str, Any]) -> None:
@@ -227,8 +227,10 @@ class SearchAccount:
     def _on_reported(self, event: Mapping[str, Any]) -> None:
         trial_id = str(event["trial_id"])
         trial = self.trials.get(trial_id)
-        if trial is None or trial.last not in LIVE_STATES:
-            self.apply({"type": "started", "trial_id": trial_id, "accounted": bool(event.get("accounted", True))})
+        if trial is None or trial.last not in LIVE_STATES:  # an unknown trial may be a final run: bounded as one
+            final = trial.final if trial is not None else self.mechanism.has_final_run
+            started = {"type": "started", "trial_id": trial_id, "accounted": bool(event.get("accounted", True))}
+            self.apply({**started, "final": final})
             trial = self.trials[trial_id]
         trial.attempts[-1]["spent"] = spent = event.get("spent")
         self._set_state(trial_id, "reporting")

@@ -15,6 +15,7 @@ resuming an interrupted one would cost; the lines a person reads are :mod:`ray_d
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -119,7 +120,14 @@ class SearchBudget:
         interrupted = account.unfinished()["interrupted"]
         if account.plan is None:
             return interrupted, None
-        return interrupted, self._total(account.guarantee(extra_charges=interrupted))
+        if not account.mechanism.has_final_run:
+            return interrupted, self._total(account.guarantee(extra_charges=interrupted))
+        rerun = copy.deepcopy(account)  # a re-run final trial is one more run on all the data, not a tuning attempt
+        for trial_id, trial in account.trials.items():
+            last = trial.attempts[-1] if trial.attempts else {}
+            if trial.accounted and last.get("state") == "interrupted" and not last.get("refused"):
+                rerun.apply({"type": "started", "trial_id": trial_id, "accounted": True})
+        return interrupted, self._total(rerun.guarantee())
 
     def check_resumable(self) -> None:
         """Raises PrivacyError, up front, when re-running the interrupted trials would cross the target."""

@@ -56,6 +56,8 @@ class SearchMechanism:
     """True when every attempt is paid from a budget of time units (private halving), not by attempts."""
     releases_itself: ClassVar[bool] = False
     """True when the searcher's own (ε, δ) release is the whole guarantee and trials are not accounted."""
+    has_final_run: ClassVar[bool] = False
+    """True when one trial, marked ``final``, runs on all the data at a plan of its own (subsampled tuning)."""
 
     # ------------------------------------------------------------------ builders
     @classmethod
@@ -169,6 +171,9 @@ class SearchMechanism:
 
     def check_reserved_reruns(self, count: int) -> None:
         """Raises ValueError when ``count`` re-runs cannot be reserved by attempt (nothing here: they can)."""
+
+    def check_plan(self, plan: Any) -> None:
+        """Raises ValueError when the trials' ``plan`` (a TrialSpend or RDPCurve) is one the bound does not cover."""
 
     def selection_curve(self, plan: RDPCurve, *, selections: int = 1, generic: bool = True) -> RDPCurve:
         """The curve of the covered attempts when each satisfies ``plan``.
@@ -402,6 +407,7 @@ class SubsampledTuningMechanism(RandomCountMechanism):
     """
 
     kind: ClassVar[str] = "subsampled_tuning"
+    has_final_run: ClassVar[bool] = True
     sample_rate: float = 0.0
     final_plan_record: dict[str, Any] = field(default_factory=dict)
 
@@ -409,6 +415,18 @@ class SubsampledTuningMechanism(RandomCountMechanism):
     def params(self) -> dict[str, Any]:
         """The random-count search's parameters, the sample's rate and the final run's plan."""
         return {**super().params, "sample_rate": self.sample_rate, "final_plan": self.final_plan_record}
+
+    def check_plan(self, plan: Any) -> None:
+        """Raises ValueError for a tuning plan with noisy score releases, or a bare curve.
+
+        Amplification covers what ran on the sample; a score on a private validation set lies
+        outside it, so its noise must not be discounted by p.
+        """
+        if not isinstance(plan, TrialSpend) or plan.score_releases:
+            raise ValueError(
+                "A subsampled tuning's trials must plan DP-SGD on the sample alone (a TrialSpend without score "
+                f"releases): a noisy validation score is not on the sample, so it is not amplified. Got {plan}."
+            )
 
     @property
     def final_plan(self) -> TrialSpend:
