@@ -81,7 +81,10 @@ class SubsampledTuningSearcher(RunCountSearcher):
         final_plan: the final run's DP-SGD plan on all the data (no score releases).
         final_noise_multiplier: σ_B, the final run's noise multiplier (``final_plan``'s).
         extrapolation: how the best configuration becomes the final one (default: unchanged).
-        metric, mode, space, seed: as for :class:`~ray_dptune.RandomCountSearcher`.
+        metric: the score to select the best tuning trial on (or None, to take ``tune.TuneConfig``'s).
+        mode: "max" or "min" (or None, to take ``tune.TuneConfig``'s).
+        space: Tune's search space, when not given through ``param_space``.
+        seed: for tests and reproducibility; None draws K and the sample's seed from the OS's secure source.
     """
 
     density_ratio = 1.0  # the tuning draws every configuration from the prior
