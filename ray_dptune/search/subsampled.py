@@ -240,6 +240,7 @@ class SubsampledTuningSearcher(RunCountSearcher):
         self._tuning_trials = int(state["tuning_trials"])
         self._final_plan = TrialSpend.from_dict(state["final_plan"])
         self._sample = TuningSample(**state["sample"])
+        self._sample.keep()  # a restored search's interrupted tuning trials re-run before any new suggestion
         self._mechanism = SearchMechanism.subsampled_tuning(
             law=self._distribution,
             num_trials=self._tuning_trials,

@@ -10,7 +10,7 @@ import pytest
 from ray import tune
 from ray.tune.search import Searcher
 
-from ray_dptune import PointMass, Poisson, RefusedBeforeTraining
+from ray_dptune import PointMass, Poisson, RefusedBeforeTraining, tuning_sample
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend
 from ray_dptune.result_keys import NOISE_KEY, SAMPLE_KEY
 from ray_dptune.search.subsampled import Extrapolation, SubsampledTuningSearcher
@@ -97,7 +97,12 @@ def test_a_restored_searcher_keeps_the_sample_and_the_scores():
     again = SubsampledTuningSearcher(
         PointMass(7), tuning_fraction=0.5, final_plan=FINAL, final_noise_multiplier=1.2, seed=9
     )
-    again.set_state(pickle.loads(pickle.dumps(built.get_state())))
+    state = pickle.loads(pickle.dumps(built.get_state()))
+    tuning_sample._KEPT.clear()  # a new driver: nothing kept until the restored searcher keeps its sample again
+    with pytest.raises(RefusedBeforeTraining):
+        TuningSample.from_config(configs["t0"])
+    again.set_state(state)
+    assert TuningSample.from_config(configs["t0"]).seed == state["sample"]["seed"]
     assert again.tuning_fraction == 0.1 and again.privacy_mechanism() == built.privacy_mechanism()
     assert again.suggest("final")["lr"] == configs["t1"]["lr"]
 
