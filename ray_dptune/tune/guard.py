@@ -292,7 +292,8 @@ def private_tune_config(searcher: Any, scheduler: Any = None, **kwargs: Any) -> 
             f"num_samples={num_samples} caps the number of trials; a DP searcher draws it at random and "
             "ends the search itself. Leave num_samples at -1."
         )
-    kwargs.setdefault("trial_dirname_creator", trial_folder_name)
+    if kwargs.get("trial_dirname_creator") is None:  # also when a user's TuneConfig left it unset
+        kwargs["trial_dirname_creator"] = trial_folder_name
     return tune.TuneConfig(
         search_alg=searcher,
         scheduler=scheduler or PrivacyGuardScheduler(own),

@@ -102,8 +102,9 @@ def release_best(
             experiment can then no longer be restored with ``Tuner.restore``; calling
             ``release_best`` on its folder again returns the same release, read back from
             what the purge kept. The copies of the experiment Ray staged on this machine
-            (``/tmp/ray/session_*/artifacts/*/<experiment>``) are deleted too; Ray's worker logs
-            and copies on other nodes are not touched.
+            (``/tmp/ray/session_*/artifacts/*/<experiment>``, under ``$RAY_TMPDIR`` when set) are
+            deleted too; a custom ``ray.init(_temp_dir=...)``, Ray's worker logs and copies on
+            other nodes are not touched.
 
     Raises:
         PrivacyError: no privacy report in the experiment folder (the search ran
@@ -359,23 +360,13 @@ def _purge_ray_staging(experiment_path: str, trials: list[Any]) -> None:
     names = {posixpath.basename(path.rstrip("/")) for path in map(_trial_path, trials) if path}
     if not names:
         return
-    roots = {os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")}
-    try:
-        import ray
-
-        node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
-        if node is not None:  # a custom temp dir (ray.init(_temp_dir=...)) holds the running session
-            roots.add(os.path.dirname(node.get_session_dir_path()))
-    except (ImportError, AttributeError):
-        pass
+    root = os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")  # Ray's default temp dir
     experiment = posixpath.basename(_fs_path(experiment_path).rstrip("/"))
-    for root in roots:
-        for staged in glob.glob(
-            os.path.join(glob.escape(root), "session_*", "artifacts", "*", glob.escape(experiment))
-        ):
-            kinds = ("driver_artifacts", "working_dirs")
-            if any(os.path.isdir(os.path.join(staged, kind, name)) for kind in kinds for name in names):
-                shutil.rmtree(staged, ignore_errors=True)
+    pattern = os.path.join(glob.escape(root), "session_*", "artifacts", "*", glob.escape(experiment))
+    for staged in glob.glob(pattern):
+        kinds = ("driver_artifacts", "working_dirs")
+        if any(os.path.isdir(os.path.join(staged, kind, name)) for kind in kinds for name in names):
+            shutil.rmtree(staged, ignore_errors=True)
 
 
 def _trial_path(trial: Any) -> str | None:

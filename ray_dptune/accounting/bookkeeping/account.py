@@ -346,8 +346,8 @@ class SearchAccount:
         return bool(attempts) and all(attempt.get("untrained") for attempt in attempts)
 
     def running(self) -> int:
-        """Accounted attempts started and not yet ended (what a stopping search waits for)."""
-        return sum(1 for trial in self.trials.values() if trial.accounted and trial.last in ("started", "reporting"))
+        """Accounted attempts suggested or started and not ended: a stopping search waits for each (Ray's speed decides none)."""
+        return sum(1 for trial in self.trials.values() if trial.accounted and trial.last in LIVE_STATES)
 
     def _untouched(self) -> Guarantee:
         reason = next(
