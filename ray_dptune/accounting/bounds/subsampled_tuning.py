@@ -85,7 +85,12 @@ def profile_points(curve: RDPCurve, *, deltas: Iterable[float] = TUNING_DELTAS) 
 
 
 def subsampled_tuning_epsilon(
-    tuning: Sequence[tuple[float, float]], *, sample_rate: float, final_run: Any, delta: float
+    tuning: Sequence[tuple[float, float]],
+    *,
+    sample_rate: float,
+    final_run: Any,
+    delta: float,
+    discretization: float = PLD_DISCRETIZATION,
 ) -> float:
     """ε at ``delta`` of tuning on a Poisson sample of rate ``sample_rate``, then the final run on all the data.
 
@@ -94,8 +99,9 @@ def subsampled_tuning_epsilon(
             :func:`profile_points` of its RDP curve).
         sample_rate: p, the Poisson sampling rate of the tuning's sample (fixed in advance).
         final_run: a dp_accounting ``PrivacyLossDistribution`` dominating the final run for every
-            choice of its hyperparameters (a pessimistic one; discretised at ``PLD_DISCRETIZATION``).
+            choice of its hyperparameters (a pessimistic one; discretised at ``discretization``).
         delta: δ of the whole procedure.
+        discretization: the privacy-loss grid of the pairs (the final run's; any value gives a valid bound).
 
     Returns:
         The least ε over the points (inf when none leaves room for ``delta``).
@@ -113,7 +119,7 @@ def subsampled_tuning_epsilon(
             continue
         pair = privacy_loss_distribution.from_privacy_parameters(
             DifferentialPrivacyParameters(epsilon_amplified, delta_amplified),
-            value_discretization_interval=PLD_DISCRETIZATION,
+            value_discretization_interval=discretization,
         )
         with np.errstate(all="ignore"):
             epsilon = float(pair.compose(final_run).get_epsilon_for_delta(delta))
@@ -121,15 +127,18 @@ def subsampled_tuning_epsilon(
     return best
 
 
-def dpsgd_run_pld(plan: TrialSpend) -> Any:
-    """dp_accounting's pessimistic PLD of one DP-SGD run of ``plan`` (Poisson rate q, σ, steps >= 1; no score release)."""
+def dpsgd_run_pld(plan: TrialSpend, *, discretization: float = PLD_DISCRETIZATION) -> Any:
+    """dp_accounting's pessimistic PLD of one DP-SGD run of ``plan`` (Poisson rate q, σ, steps >= 1; no score release).
+
+    A coarser ``discretization`` is faster and still an upper bound (pessimistic rounding).
+    """
     if plan.score_releases:
         raise ValueError("The final run releases its model only: plan it without score releases.")
     return subsampled_gaussian_pld(
         sample_rate=plan.sample_rate,
         noise_multiplier=plan.noise_multiplier,
         steps=plan.steps,
-        discretization=PLD_DISCRETIZATION,
+        discretization=discretization,
     )
 
 
