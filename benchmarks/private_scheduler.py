@@ -242,17 +242,21 @@ class _Stop(Exception):
     """Raised from ``report`` when the scheduler says STOP: the trial runs no further epoch."""
 
 
-def _held_out_accuracy(checkpoint_dir: str) -> float:
+def checkpoint_accuracy(model: Any, checkpoint_dir: str, dataset: Any) -> float:
+    """Accuracy on ``dataset`` (a TensorDataset) of ``model`` with a trial checkpoint's weights (``model.pt``)."""
     import torch
 
-    from ray_dptune.training import digits_cnn
-
-    model = digits_cnn()
     model.load_state_dict(torch.load(Path(checkpoint_dir) / "model.pt", weights_only=True))
     model.eval()
-    inputs, targets = _DATA[2].tensors
+    inputs, targets = dataset.tensors
     with torch.no_grad():
         return float((model(inputs).argmax(dim=1) == targets).float().mean())
+
+
+def _held_out_accuracy(checkpoint_dir: str) -> float:
+    from ray_dptune.training import digits_cnn
+
+    return checkpoint_accuracy(digits_cnn(), checkpoint_dir, _DATA[2])
 
 
 def _run_trial(config: dict[str, Any], sigma: float, seed: int, on_epoch: Any) -> None:

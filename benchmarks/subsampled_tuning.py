@@ -196,7 +196,6 @@ def calibrate(dataset: str, epsilon: float, fraction: float) -> dict[str, Any]:
 
 def train_one(dataset: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
     """One whole DP-SGD trial at ``config["noise_multiplier"]``: its selection and held-out accuracies, its steps."""
-    import torch
     import torch.nn.functional as F
 
     from ray_dptune.training import PrivacyParams, TrainSpec, train
@@ -215,12 +214,7 @@ def train_one(dataset: str, config: dict[str, Any], seed: int) -> dict[str, Any]
     def report(metrics: dict[str, Any], checkpoint_dir: str) -> None:
         if int(metrics["epoch"]) == spec_of["epochs"]:
             out["selection"] = float(metrics[METRIC])
-            model = model_fn(dataset)()
-            model.load_state_dict(torch.load(Path(checkpoint_dir) / "model.pt", weights_only=True))
-            model.eval()
-            inputs, targets = _DATA[dataset][2].tensors
-            with torch.no_grad():
-                out["held_out"] = float((model(inputs).argmax(dim=1) == targets).float().mean())
+            out["held_out"] = bench.checkpoint_accuracy(model_fn(dataset)(), checkpoint_dir, _DATA[dataset][2])
 
     spent = train(config, spec, report)
     out["steps"] = int(spent.steps)

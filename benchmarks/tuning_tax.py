@@ -269,14 +269,7 @@ def init_worker() -> None:
 
 
 def _held_out_accuracy(dataset: str, checkpoint_dir: str) -> float:
-    import torch
-
-    model = model_fn(dataset)()
-    model.load_state_dict(torch.load(Path(checkpoint_dir) / "model.pt", weights_only=True))
-    model.eval()
-    inputs, targets = _DATA[dataset][2].tensors
-    with torch.no_grad():
-        return float((model(inputs).argmax(dim=1) == targets).float().mean())
+    return bench.checkpoint_accuracy(model_fn(dataset)(), checkpoint_dir, _DATA[dataset][2])
 
 
 def train_one(dataset: str, config: dict[str, Any], sigma: float, seed: int) -> dict[str, Any]:
