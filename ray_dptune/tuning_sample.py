@@ -27,15 +27,15 @@ from typing import Any
 import numpy as np
 
 from ray_dptune import validate
-from ray_dptune.errors import RefusedBeforeTraining
+from ray_dptune.errors import PrivacyError, RefusedBeforeTraining
 from ray_dptune.result_keys import SAMPLE_KEY
 
 __all__ = ["TuningSample", "planned_sample_size", "sample_fraction", "tuning_sample_indices"]
 
 _KEPT: dict[str, int] = {}
 """sample_id -> seed, for the samples a searcher in this process keeps."""
-_HANDLES: dict[tuple[str, str], Any] = {}
-"""(sample_id, Ray job) -> its keeper actor's handle, while this driver keeps it."""
+_HANDLES: dict[tuple[str, str, str], Any] = {}
+"""(sample_id, Ray job, node) -> its keeper actor's handle, while this driver keeps it."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -77,10 +77,12 @@ class TuningSample:
 
         if not ray.is_initialized():
             return
-        job = (self.sample_id, ray.get_runtime_context().get_job_id())
+        context = ray.get_runtime_context()
+        job = (self.sample_id, context.get_job_id(), context.get_node_id())  # a new cluster: a new keeper
         if job not in _HANDLES:
             handle = _keeper().options(name=_keeper_name(self.sample_id), get_if_exists=True).remote(self.seed)
-            ray.get(handle.seed.remote())  # created and named before any trial looks it up
+            if ray.get(handle.seed.remote()) != self.seed:  # created and named before any trial looks it up
+                raise PrivacyError(f"A keeper of sample {self.sample_id} holds another seed: refusing to train on it.")
             _HANDLES[job] = handle  # held: Ray collects an actor no handle refers to
 
     @classmethod

@@ -181,7 +181,7 @@ def searcher_report(
         mode=getattr(searcher, "mode", None),
         law=searcher.distribution.to_dict() if run_count else None,
         density_ratio=float(searcher.density_ratio) if run_count else None,
-        seed=searcher.seed if searcher.seed is not None else "secure (operating system)",
+        seed=searcher.reported_seed,
         dataset=dataset,
         ledger=ledger,
         journal=journal,

@@ -147,6 +147,11 @@ class PrivateSearcher(Searcher):
         """The explicit seed, or None when the draws came from the secure source."""
         return self._seed
 
+    @property
+    def reported_seed(self) -> int | str:
+        """What the privacy report says of the seed: it, or where the draws came from."""
+        return self._seed if self._seed is not None else "secure (operating system)"
+
     def accounts_trial(self, config: Mapping[str, Any]) -> bool:
         """True when the trial with ``config`` must report and satisfy the search's plan."""
         return True

@@ -146,6 +146,13 @@ class SubsampledTuningSearcher(RunCountSearcher):
         """p, each record's chance to be in the tuning sample."""
         return self._sample.fraction
 
+    @property
+    def reported_seed(self) -> str:
+        """Withheld when set: the sample's seed derives from it, and the report outlives the purge."""
+        return (
+            "secure (operating system)" if self._seed is None else "set by the operator (withheld: it names the sample)"
+        )
+
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
         """Tune's metric, mode and space; a space that sets the tuning sample is refused (the searcher draws it)."""
         if config and SAMPLE_KEY in config:
@@ -171,9 +178,7 @@ class SubsampledTuningSearcher(RunCountSearcher):
             "tuning_fraction": self._sample.fraction,
             "final_plan": self._final_plan.to_dict(),
             "learning_rate_scale": self._extrapolation.learning_rate_scale,
-            "seed": "secure (operating system)"
-            if self._seed is None
-            else "set by the operator (withheld: it names the sample)",
+            "seed": self.reported_seed,
         }
         if self._final_trial_id is not None:
             details["released_trial_id"] = self._final_trial_id

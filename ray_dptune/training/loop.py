@@ -165,11 +165,11 @@ def train(
     hyper, params, partition, clipping = _settings(config, spec)
     if partition is not None and spec.audit is not None:
         raise ValueError(f"A canary audit covers a search over the whole training set, not {PARTITION_KEY!r} parts.")
+    sample = TuningSample.from_config(config)  # its seed from the driver, before any record is read
     train_set, val_set, planned_size = spec.training_data(config)
     if partition is not None:
         train_set = partition.subset(train_set)
         planned_size = len(train_set)
-    sample = TuningSample.from_config(config)
     if sample is not None:  # q from the sample's public planned size, never from its realised one
         if spec.audit is not None:
             raise ValueError(f"A canary audit covers a search over the whole training set, not a {SAMPLE_KEY!r}.")

@@ -48,8 +48,8 @@ from ray_dptune import validate
 from ray_dptune.accounting.bookkeeping.spend import TrialSpend, describe_excess, parse_report, report_covers
 from ray_dptune.accounting.curves.rdp import RDPCurve
 from ray_dptune.errors import PrivacyError, RefusedBeforeTraining
-from ray_dptune.result_keys import PLAN_KEY, SEARCH_PLAN_KEY, SPENT_KEY
-from ray_dptune.tuning_sample import TuningSample, planned_sample_size
+from ray_dptune.result_keys import PLAN_KEY, SAMPLE_KEY, SEARCH_PLAN_KEY, SPENT_KEY
+from ray_dptune.tuning_sample import TuningSample, planned_sample_size, sample_fraction
 
 __all__ = ["OpacusPlan", "OpacusSpend", "opacus_plan", "tuning_loader"]
 
@@ -113,6 +113,24 @@ class OpacusSpend:
         )
         if config is not None and SEARCH_PLAN_KEY in config:
             self._check_search_plan(json.loads(config[SEARCH_PLAN_KEY]))
+        if config is not None and sample_fraction(config) is not None:
+            self._check_tuning_sample(data_loader, config[SAMPLE_KEY]["sample_id"])
+
+    def _check_tuning_sample(self, data_loader: Any, sample_id: str) -> None:
+        """Raises before the first step when a tuning trial's loader is not the sample's (:func:`tuning_loader`).
+
+        Its plan is amplified as a run on the sample: a run on all the data would be discounted by p.
+        """
+        dataset = getattr(data_loader, "dataset", None)
+        if isinstance(dataset, _SampleSubset) and dataset.sample_id == sample_id:
+            return
+        message = (
+            "This trial tunes on a sample (config['dp_tuning_sample']), but its loader is not the sample's: build it "
+            "with ray_dptune.training.tuning_loader(train_set, config, batch_size=B) and pass that to make_private."
+        )
+        if self._accountant.history:
+            raise PrivacyError(message + " Steps have already run: they are charged as they ran.")
+        raise RefusedBeforeTraining(message + " Refused before the first training step: nothing was spent.")
 
     def _check_search_plan(self, search_plan: dict[str, Any]) -> None:
         """Raises before the first step when this run may spend past the plan the search was calibrated for."""
@@ -158,6 +176,14 @@ class OpacusSpend:
     def report(self) -> dict[str, dict[str, Any]]:
         """``{"dp_plan": ..., "dp_spent": ...}``: merge it into every ``tune.report`` of the trial."""
         return {PLAN_KEY: self._plan.to_dict(), SPENT_KEY: self.spent().to_dict()}
+
+
+class _SampleSubset(Subset[Any]):
+    """A tuning sample's records, named by the sample's id (what :class:`OpacusSpend` checks a tuning trial uses)."""
+
+    def __init__(self, dataset: Dataset[Any], indices: list[int], sample_id: str) -> None:
+        super().__init__(dataset, indices)
+        self.sample_id = sample_id
 
 
 @dataclass(frozen=True)
@@ -224,6 +250,6 @@ def tuning_loader(
         return DataLoader(train_set, batch_size=batch_size, generator=generator)
     size = len(cast(Sized, train_set))
     plan = OpacusPlan(size, batch_size, 1).on_sample(sample.fraction)
-    subset = Subset(train_set, sample.indices(size).tolist())
+    subset = _SampleSubset(train_set, sample.indices(size).tolist(), sample.sample_id)
     loader: DataLoader[Any] = DPDataLoader(subset, sample_rate=1.0 / plan.batches, generator=generator)
     return loader

@@ -360,10 +360,18 @@ def _purge_ray_staging(experiment_path: str, trials: list[Any]) -> None:
     names = {posixpath.basename(path.rstrip("/")) for path in map(_trial_path, trials) if path}
     if not names:
         return
-    root = os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")  # Ray's default temp dir
+    temp = {os.environ.get("RAY_TMPDIR"), os.environ.get("TMPDIR"), tempfile.gettempdir(), "/tmp"} - {None, ""}
     experiment = posixpath.basename(_fs_path(experiment_path).rstrip("/"))
-    pattern = os.path.join(glob.escape(root), "session_*", "artifacts", "*", glob.escape(experiment))
-    for staged in glob.glob(pattern):
+    staged_copies = {
+        path
+        for root in temp
+        for path in glob.glob(
+            os.path.join(
+                glob.escape(os.path.join(str(root), "ray")), "session_*", "artifacts", "*", glob.escape(experiment)
+            )
+        )
+    }
+    for staged in staged_copies:
         kinds = ("driver_artifacts", "working_dirs")
         if any(os.path.isdir(os.path.join(staged, kind, name)) for kind in kinds for name in names):
             shutil.rmtree(staged, ignore_errors=True)

@@ -201,3 +201,12 @@ def test_resuming_an_interrupted_final_run_is_priced_as_a_second_final_run():
     assert interrupted == 1 and resumed == final_runs_epsilon(FINAL, FINAL)
     with pytest.raises(PrivacyError, match="cannot be resumed"):
         budget.check_resumable()
+
+
+def test_a_tuning_attempt_that_released_noisy_scores_past_its_plan_has_no_amplified_bound():
+    whole = account()
+    run_tuning(whole, count=2)
+    scored = TrialSpend(sample_rate=0.4, noise_multiplier=6.0, steps=20, score_noise_multiplier=3.0, score_releases=2)
+    whole.apply({"type": "started", "trial_id": "t2", "accounted": True})
+    whole.apply({"type": "reported", "trial_id": "t2", "spent": scored.to_dict()})
+    assert whole.guarantee().epsilon == float("inf")  # its scores were not on the sample: no discount by p

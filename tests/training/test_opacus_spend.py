@@ -292,3 +292,30 @@ def test_a_loop_planned_on_train_plus_validation_is_refused_before_any_step_and_
     attempts = [attempt for trial in report["trials"].values() for attempt in trial["attempts"]]
     assert attempts and all(attempt["untrained"] for attempt in attempts)
     assert ledger.dataset_epsilon("synthetic", delta=DELTA) == 0.0
+
+
+def test_a_tuning_trial_whose_loader_is_not_the_sample_s_is_refused_before_its_first_step():
+    """Trained on all the data, it would be amplified as a run on the sample: refused, nothing spent."""
+    from ray_dptune.tuning_sample import TuningSample
+
+    sample = TuningSample.draw(0.3)
+    sample.keep()
+    config = {SAMPLE_KEY: sample.to_config()}
+    engine, model, optimizer, loader = make_private()  # a plain DataLoader over all the data
+    with pytest.raises(RefusedBeforeTraining, match="tuning_loader"):
+        OpacusSpend(engine, optimizer, loader, steps=len(loader), config=config)
+    data = TensorDataset(torch.randn(N, FEATURES), torch.randint(0, 2, (N,)))
+    model = nn.Linear(FEATURES, 2)
+    engine = PrivacyEngine(accountant="rdp")
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=tuning_loader(data, config, batch_size=BATCH),
+        noise_multiplier=1.3,
+        max_grad_norm=1.0,
+    )
+    spend = OpacusSpend(engine, optimizer, loader, steps=len(loader), config=config)
+    assert (
+        spend.plan.sample_rate
+        == opacus_plan(dataset_size=N, batch_size=BATCH, epochs=1).on_sample(0.3)(1.3).sample_rate
+    )

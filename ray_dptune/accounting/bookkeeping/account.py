@@ -386,11 +386,9 @@ class SearchAccount:
         return cached
 
     def guarantee_after(self, event: Mapping[str, Any]) -> Guarantee:
-        """The guarantee as it would be once ``event`` is applied (the account itself is unchanged).
+        """The guarantee once ``event`` is applied, the account unchanged: the trial and counters it touches are put back, O(1).
 
-        A charging event touches one trial and the counters, so they are set aside and
-        put back: O(1) in the number of trials. A halving search's events are admitted by
-        its budget of units instead (:meth:`admit`); its guarantee is returned unchanged.
+        A halving search's events are admitted by its budget of units instead (:meth:`admit`).
         """
         if event["type"] not in CHARGING_EVENTS or self._budget is not None:
             return self.guarantee()
@@ -417,10 +415,9 @@ class SearchAccount:
                 self.trials[trial_id] = saved_copy
 
     def unfinished(self) -> dict[str, int]:
-        """Accounted trials whose last attempt did not end its run, by why.
+        """Accounted trials whose last attempt did not end its run, by why: ``{"live", "interrupted", "unknown", "refused"}``.
 
-        The keys are ``{"live", "interrupted", "unknown", "refused"}`` (a trial failed with its retry
-        refused by the budget counts as refused).
+        A trial failed with its retry refused by the budget counts as refused.
         """
         counts = {"live": 0, "interrupted": 0, "unknown": 0, "refused": 0}
         for trial in self.trials.values():
@@ -471,9 +468,9 @@ class SearchAccount:
                 for n, attempt in enumerate(trial.attempts, 1)
                 if not attempt.get("untrained")
             ]
-            finals = mechanism.final_runs(ran)
+            parts: dict[str, Any] = {"tuning_overruns": list(self.beyond_plan.values()), "charged": charged}
             return mechanism.whole_guarantee(
-                plan_curve, selection, total, final_runs=finals, charged=charged, delta=self.delta
+                plan_curve, selection, total, final_runs=mechanism.final_runs(ran), delta=self.delta, **parts
             )
         epsilon = total.epsilon(delta=self.delta)
         if mechanism.pays_by_units and total.mechanism is not None:  # one DP-SGD run: its exact profile

@@ -467,15 +467,18 @@ class SubsampledTuningMechanism(RandomCountMechanism):
         tuning: RDPCurve,
         *,
         final_runs: list[TrialSpend],
+        tuning_overruns: list[Any],
         charged: int,
         delta: float,
     ) -> Guarantee:
         """The procedure's (ε, δ): ``tuning`` (the curve of every attempt on the sample), amplified, then the final runs.
 
-        The guarantee has no RDP curve (it comes from privacy loss distributions): a ledger composes
-        it with other searches as an (ε, δ) release. ``plan`` and ``selection`` are reported as parts.
+        The guarantee has no RDP curve (it comes from privacy loss distributions). ``plan`` and
+        ``selection`` are reported as parts. A tuning attempt that reported noisy scores past its
+        plan released them off the sample: no amplified bound covers it, so ε is infinite.
         """
-        epsilon = self.whole_epsilon(tuning, final_runs=final_runs, delta=delta)
+        off_sample = [spent for spent in tuning_overruns if _releases_scores(spent)]
+        epsilon = math.inf if off_sample else self.whole_epsilon(tuning, final_runs=final_runs, delta=delta)
         return Guarantee(
             epsilon=epsilon,
             delta=delta,
@@ -496,6 +499,12 @@ class SubsampledTuningMechanism(RandomCountMechanism):
         return subsampled_tuning_epsilon(
             profile_points(tuning), sample_rate=self.sample_rate, final_run=final, delta=delta
         )
+
+
+def _releases_scores(spent: Any) -> bool:
+    """True unless ``spent`` is a DP-SGD run without score releases (a bare curve may hold any)."""
+    parsed = parse_report(spent)
+    return not isinstance(parsed, TrialSpend) or bool(parsed.score_releases)
 
 
 _KINDS: tuple[type[SearchMechanism], ...] = (
